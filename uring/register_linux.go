@@ -1,0 +1,84 @@
+package uring
+
+import (
+	"fmt"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// AllocBuffer returns size bytes of anonymous, page-aligned memory outside
+// the Go heap: it never moves, is never collected, and its alignment suits
+// O_DIRECT and registered buffers. Release it with FreeBuffer once no
+// request uses it.
+func AllocBuffer(size int) ([]byte, error) {
+	if size <= 0 {
+		return nil, fmt.Errorf("uring: buffer size %d", size)
+	}
+	b, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, fmt.Errorf("uring: mmap %d-byte buffer: %w", size, err)
+	}
+	return b, nil
+}
+
+// FreeBuffer releases memory from AllocBuffer.
+func FreeBuffer(b []byte) error {
+	return unix.Munmap(b)
+}
+
+// RegisterBuffers registers bufs for READ_FIXED and WRITE_FIXED
+// (IORING_REGISTER_BUFFERS); buffer i is bufIndex i. The kernel pins their
+// pages until UnregisterBuffers or Close.
+func (r *Ring) RegisterBuffers(bufs [][]byte) error {
+	iov := make([]unix.Iovec, len(bufs))
+	for i, b := range bufs {
+		iov[i].Base = unsafe.SliceData(b)
+		iov[i].SetLen(len(b))
+	}
+	if err := r.register(registerBuffers, unsafe.Pointer(unsafe.SliceData(iov)), uintptr(len(iov))); err != nil {
+		return fmt.Errorf("uring: IORING_REGISTER_BUFFERS (%d buffers): %w", len(bufs), err)
+	}
+	return nil
+}
+
+// UnregisterBuffers drops the registered buffers.
+func (r *Ring) UnregisterBuffers() error {
+	if err := r.register(unregisterBuffers, nil, 0); err != nil {
+		return fmt.Errorf("uring: IORING_UNREGISTER_BUFFERS: %w", err)
+	}
+	return nil
+}
+
+// RegisterFilesSparse creates a fixed-file table of n empty slots
+// (IORING_REGISTER_FILES2 with IORING_RSRC_REGISTER_SPARSE, Linux 5.19),
+// which PrepareOpenatDirect fills and PrepareCloseDirect empties.
+func (r *Ring) RegisterFilesSparse(n uint32) error {
+	reg := rsrcRegister{nr: n, flags: rsrcRegisterSparse}
+	if err := r.register(registerFiles2, unsafe.Pointer(&reg), sizeofRsrcRegister); err != nil {
+		return fmt.Errorf("uring: IORING_REGISTER_FILES2 (sparse, %d slots): %w", n, err)
+	}
+	return nil
+}
+
+// UnregisterFiles drops the fixed-file table, closing the files in it.
+func (r *Ring) UnregisterFiles() error {
+	if err := r.register(unregisterFiles, nil, 0); err != nil {
+		return fmt.Errorf("uring: IORING_UNREGISTER_FILES: %w", err)
+	}
+	return nil
+}
+
+// SetIOWQMaxWorkers limits the kernel worker threads serving this ring
+// (IORING_REGISTER_IOWQ_MAX_WORKERS, Linux 5.15): bounded workers do
+// regular-file and block IO, unbounded ones do everything else, path
+// lookups included. A hung filesystem then holds at most that many workers
+// instead of a new one per request. Zero leaves a limit unchanged. It
+// returns the previous limits.
+func (r *Ring) SetIOWQMaxWorkers(bounded, unbounded uint32) (prevBounded, prevUnbounded uint32, err error) {
+	vals := [2]uint32{bounded, unbounded}
+	if err := r.register(registerIOWQMaxWorkers, unsafe.Pointer(&vals), 2); err != nil {
+		return 0, 0, fmt.Errorf("uring: IORING_REGISTER_IOWQ_MAX_WORKERS: %w", err)
+	}
+	return vals[0], vals[1], nil
+}

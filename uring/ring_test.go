@@ -1,0 +1,604 @@
+package uring
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"runtime"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// newRing creates a ring owned by the calling goroutine's locked thread.
+func newRing(t testing.TB, entries uint32, opts Options) *Ring {
+	t.Helper()
+	runtime.LockOSThread()
+	t.Cleanup(runtime.UnlockOSThread)
+	r, err := New(entries, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+// cstr returns a NUL-terminated copy of s on the heap.
+func cstr(s string) *byte {
+	b, err := unix.BytePtrFromString(s)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+func getSQE(t testing.TB, r *Ring) *SQE {
+	t.Helper()
+	sqe := r.GetSQE()
+	require.NotNil(t, sqe, "SQ full")
+	return sqe
+}
+
+// run submits what is prepared and waits for n CQEs, returned by user_data.
+func run(t testing.TB, r *Ring, n int) map[uint64]CQE {
+	t.Helper()
+	got := map[uint64]CQE{}
+	cqes := make([]CQE, 64)
+	deadline := time.Now().Add(5 * time.Second)
+	for len(got) < n {
+		require.True(t, time.Now().Before(deadline), "only %d of %d completions", len(got), n)
+		_, err := r.SubmitAndWait(1, time.Second)
+		require.NoError(t, err)
+		k := r.Reap(cqes)
+		for _, c := range cqes[:k] {
+			_, dup := got[c.UserData]
+			require.False(t, dup, "two CQEs for user_data %d", c.UserData)
+			got[c.UserData] = c
+		}
+	}
+	return got
+}
+
+func writeFile(t testing.TB, path string, data []byte) {
+	t.Helper()
+	require.NoError(t, os.WriteFile(path, data, 0o644))
+}
+
+func TestNewReportsFlags(t *testing.T) {
+	r := newRing(t, 8, Options{})
+	assert.NotZero(t, r.Features()&FeatSingleMmap)
+	assert.NotZero(t, r.Features()&FeatExtArg)
+	// Linux 6.18: every flag we ask for is known.
+	want := FlagSubmitAll | FlagCoopTaskrun | FlagTaskrunFlag | FlagSingleIssuer | FlagDeferTaskrun | FlagNoSQArray
+	assert.Equal(t, want, r.Flags(), "got %v", r.Flags())
+	assert.Equal(t, uint32(8), r.SQEntries())
+	assert.Equal(t, uint32(16), r.CQEntries())
+
+	r2 := newRing(t, 8, Options{CQEntries: 64, Disable: FlagNoSQArray | FlagDeferTaskrun})
+	assert.Zero(t, r2.Flags()&(FlagNoSQArray|FlagDeferTaskrun), "disabled flags in force: %v", r2.Flags())
+	assert.NotZero(t, r2.Flags()&FlagCQSize)
+	assert.Equal(t, uint32(64), r2.CQEntries())
+}
+
+func TestAvailable(t *testing.T) {
+	require.NoError(t, Available())
+	r := newRing(t, 4, Options{})
+	p, err := r.Probe()
+	require.NoError(t, err)
+	for _, op := range RequiredOps {
+		assert.True(t, p.Supports(op), "%v", op)
+	}
+}
+
+func TestSetupErrorSaysWhatToDo(t *testing.T) {
+	dir := t.TempDir()
+	old := disabledSysctl
+	t.Cleanup(func() { disabledSysctl = old })
+	disabledSysctl = filepath.Join(dir, "io_uring_disabled")
+
+	cases := []struct {
+		errno  syscall.Errno
+		sysctl string
+		want   string
+	}{
+		{syscall.ENOSYS, "", "kernel is older"},
+		{syscall.EPERM, "2", "kernel.io_uring_disabled=2"},
+		{syscall.EPERM, "1", "kernel.io_uring_group"},
+		{syscall.EPERM, "0", "seccomp"},
+		{syscall.ENOMEM, "", "RLIMIT_MEMLOCK"},
+	}
+	for _, c := range cases {
+		writeFile(t, disabledSysctl, []byte(c.sysctl+"\n"))
+		err := setupError(c.errno)
+		var ue *UnavailableError
+		require.ErrorAs(t, err, &ue)
+		assert.ErrorIs(t, err, ErrUnavailable)
+		assert.ErrorIs(t, err, c.errno)
+		assert.Contains(t, err.Error(), c.want)
+	}
+	e := &UnavailableError{Missing: []Opcode{OpMkdirat, OpRenameat}, Reason: "old"}
+	assert.Contains(t, e.Error(), "MKDIRAT, RENAMEAT")
+}
+
+func TestNop(t *testing.T) {
+	r := newRing(t, 8, Options{})
+	for i := range 5 {
+		getSQE(t, r).PrepareNop()
+		r.sqes[(r.sqeTail-1)&r.sqMask].UserData = uint64(i)
+	}
+	got := run(t, r, 5)
+	for i := range 5 {
+		assert.Equal(t, int32(0), got[uint64(i)].Res)
+	}
+}
+
+func TestStatx(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "present"), make([]byte, 1234))
+	r := newRing(t, 8, Options{})
+	var st1, st2 unix.Statx_t
+	s := getSQE(t, r)
+	s.PrepareStatx(unix.AT_FDCWD, cstr(filepath.Join(dir, "present")), 0, unix.STATX_SIZE, &st1)
+	s.UserData = 1
+	s = getSQE(t, r)
+	s.PrepareStatx(unix.AT_FDCWD, cstr(filepath.Join(dir, "missing")), 0, unix.STATX_SIZE, &st2)
+	s.UserData = 2
+	got := run(t, r, 2)
+	require.NoError(t, ptr(got[1]).Err())
+	assert.Equal(t, uint64(1234), st1.Size)
+	assert.ErrorIs(t, ptr(got[2]).Err(), syscall.ENOENT)
+}
+
+func ptr(c CQE) *CQE { return &c }
+
+func TestOpenReadWriteCloseFsync(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "f")
+	r := newRing(t, 8, Options{})
+
+	s := getSQE(t, r)
+	s.PrepareOpenat(unix.AT_FDCWD, cstr(path), unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC, 0o644)
+	s.UserData = 1
+	c := run(t, r, 1)[1]
+	require.NoError(t, c.Err())
+	fd := int(c.Res)
+
+	data := []byte("hello, ring")
+	s = getSQE(t, r)
+	s.PrepareWrite(fd, data, 0)
+	s.UserData = 2
+	s.Flags |= SQEIOLink
+	s = getSQE(t, r)
+	s.PrepareFsync(fd, true)
+	s.UserData = 3
+	got := run(t, r, 2)
+	assert.Equal(t, int32(len(data)), got[2].Res)
+	assert.Equal(t, int32(0), got[3].Res)
+
+	// A read past what the file holds is short, not an error.
+	buf := make([]byte, 100)
+	s = getSQE(t, r)
+	s.PrepareRead(fd, buf, 0)
+	s.UserData = 4
+	s = getSQE(t, r)
+	s.PrepareRead(fd, buf[50:], 1000)
+	s.UserData = 5
+	got = run(t, r, 2)
+	assert.Equal(t, int32(len(data)), got[4].Res)
+	assert.Equal(t, data, buf[:len(data)])
+	assert.Equal(t, int32(0), got[5].Res)
+
+	s = getSQE(t, r)
+	s.PrepareClose(fd)
+	s.UserData = 6
+	require.NoError(t, ptr(run(t, r, 1)[6]).Err())
+
+	// The fd is closed now: every use of it fails with EBADF.
+	s = getSQE(t, r)
+	s.PrepareRead(fd, buf, 0)
+	s.UserData = 7
+	s = getSQE(t, r)
+	s.PrepareWrite(fd, data, 0)
+	s.UserData = 8
+	s = getSQE(t, r)
+	s.PrepareClose(fd)
+	s.UserData = 9
+	s = getSQE(t, r)
+	s.PrepareFsync(fd, false)
+	s.UserData = 10
+	got = run(t, r, 4)
+	for ud := uint64(7); ud <= 10; ud++ {
+		assert.ErrorIs(t, ptr(got[ud]).Err(), syscall.EBADF, "user_data %d", ud)
+	}
+
+	s = getSQE(t, r)
+	s.PrepareOpenat(unix.AT_FDCWD, cstr(filepath.Join(dir, "nope")), unix.O_RDONLY, 0)
+	s.UserData = 11
+	assert.ErrorIs(t, ptr(run(t, r, 1)[11]).Err(), syscall.ENOENT)
+}
+
+func TestRenameUnlinkMkdir(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "a"), []byte("x"))
+	r := newRing(t, 8, Options{})
+	dfd, err := unix.Open(dir, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer unix.Close(dfd)
+
+	s := getSQE(t, r)
+	s.PrepareMkdirat(dfd, cstr("sub"), 0o755)
+	s.UserData = 1
+	s.Flags |= SQEIOLink
+	s = getSQE(t, r)
+	s.PrepareRenameat(dfd, cstr("a"), dfd, cstr("sub/b"), 0)
+	s.UserData = 2
+	got := run(t, r, 2)
+	require.NoError(t, ptr(got[1]).Err())
+	require.NoError(t, ptr(got[2]).Err())
+	b, err := os.ReadFile(filepath.Join(dir, "sub", "b"))
+	require.NoError(t, err)
+	assert.Equal(t, "x", string(b))
+
+	s = getSQE(t, r)
+	s.PrepareMkdirat(dfd, cstr("sub"), 0o755)
+	s.UserData = 3
+	s = getSQE(t, r)
+	s.PrepareRenameat(dfd, cstr("a"), dfd, cstr("c"), 0)
+	s.UserData = 4
+	s = getSQE(t, r)
+	s.PrepareUnlinkat(dfd, cstr("sub/b"), 0)
+	s.UserData = 5
+	s = getSQE(t, r)
+	s.PrepareUnlinkat(dfd, cstr("sub/b"), 0)
+	s.UserData = 6
+	got = run(t, r, 4)
+	assert.ErrorIs(t, ptr(got[3]).Err(), syscall.EEXIST)
+	assert.ErrorIs(t, ptr(got[4]).Err(), syscall.ENOENT)
+	// 5 and 6 race in the kernel unless linked; exactly one of them wins.
+	errs := []error{ptr(got[5]).Err(), ptr(got[6]).Err()}
+	assert.ElementsMatch(t, []error{nil, syscall.ENOENT}, errs)
+
+	s = getSQE(t, r)
+	s.PrepareUnlinkat(dfd, cstr("sub"), unix.AT_REMOVEDIR)
+	s.UserData = 7
+	require.NoError(t, ptr(run(t, r, 1)[7]).Err())
+	assert.NoDirExists(t, filepath.Join(dir, "sub"))
+}
+
+func TestFixedBuffersODirect(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "f")
+	r := newRing(t, 8, Options{})
+	buf, err := AllocBuffer(8192)
+	require.NoError(t, err)
+	defer FreeBuffer(buf)
+	require.NoError(t, r.RegisterBuffers([][]byte{buf}))
+
+	for i := range buf {
+		buf[i] = byte(i * 7)
+	}
+	want := append([]byte(nil), buf...)
+	fd, err := unix.Open(path, unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC|unix.O_DIRECT, 0o644)
+	if errors.Is(err, unix.EINVAL) {
+		t.Skipf("O_DIRECT unsupported on %s", dir)
+	}
+	require.NoError(t, err)
+	defer unix.Close(fd)
+
+	s := getSQE(t, r)
+	s.PrepareWriteFixed(fd, buf, 0, 0)
+	s.UserData = 1
+	require.Equal(t, int32(8192), run(t, r, 1)[1].Res)
+	clear(buf)
+	s = getSQE(t, r)
+	s.PrepareReadFixed(fd, buf[4096:], 4096, 0)
+	s.UserData = 2
+	require.Equal(t, int32(4096), run(t, r, 1)[2].Res)
+	assert.Equal(t, want[4096:], buf[4096:])
+
+	// A buffer index that was never registered is refused.
+	s = getSQE(t, r)
+	s.PrepareReadFixed(fd, buf, 0, 3)
+	s.UserData = 3
+	assert.ErrorIs(t, ptr(run(t, r, 1)[3]).Err(), syscall.EFAULT)
+	require.NoError(t, r.UnregisterBuffers())
+}
+
+// TestLinkedOpenReadCloseFixedSlot runs a whole load as one chain: the
+// kernel opens into a fixed slot, reads through it and closes it without
+// coming back to us between the steps.
+func TestLinkedOpenReadCloseFixedSlot(t *testing.T) {
+	dir := t.TempDir()
+	data := []byte("linked chain contents")
+	writeFile(t, filepath.Join(dir, "f"), data)
+	r := newRing(t, 8, Options{})
+	require.NotZero(t, r.Features()&FeatLinkedFile)
+	require.NoError(t, r.RegisterFilesSparse(4))
+
+	buf := make([]byte, 64)
+	chain := func(path string) map[uint64]CQE {
+		s := getSQE(t, r)
+		s.PrepareOpenatDirect(unix.AT_FDCWD, cstr(path), unix.O_RDONLY, 0, 2)
+		s.Flags |= SQEIOLink
+		s.UserData = 1
+		s = getSQE(t, r)
+		s.PrepareRead(2, buf, 0)
+		// A short read breaks an IO_LINK chain; IO_HARDLINK makes sure
+		// the slot is closed whatever the read returned.
+		s.Flags |= SQEIOHardlink | SQEFixedFile
+		s.UserData = 2
+		s = getSQE(t, r)
+		s.PrepareCloseDirect(2)
+		s.UserData = 3
+		n, err := r.SubmitAndWait(3, 5*time.Second)
+		require.NoError(t, err)
+		require.Equal(t, 3, n)
+		// All three completions are there after one enter: no round trip.
+		cqes := make([]CQE, 8)
+		k := r.Reap(cqes)
+		require.Equal(t, 3, k)
+		got := map[uint64]CQE{}
+		for _, c := range cqes[:k] {
+			got[c.UserData] = c
+		}
+		return got
+	}
+	got := chain(filepath.Join(dir, "f"))
+	assert.Equal(t, int32(0), got[1].Res)
+	assert.Equal(t, int32(len(data)), got[2].Res)
+	assert.Equal(t, data, buf[:len(data)])
+	assert.Equal(t, int32(0), got[3].Res)
+
+	// A failing open breaks the chain: the rest is canceled.
+	got = chain(filepath.Join(dir, "missing"))
+	assert.ErrorIs(t, ptr(got[1]).Err(), syscall.ENOENT)
+	assert.ErrorIs(t, ptr(got[2]).Err(), syscall.ECANCELED)
+	assert.ErrorIs(t, ptr(got[3]).Err(), syscall.ECANCELED)
+
+	// The slot was closed by the first chain: closing it again is EBADF.
+	s := getSQE(t, r)
+	s.PrepareCloseDirect(2)
+	s.UserData = 9
+	assert.ErrorIs(t, ptr(run(t, r, 1)[9]).Err(), syscall.EBADF)
+	require.NoError(t, r.UnregisterFiles())
+}
+
+func TestCQESkipSuccess(t *testing.T) {
+	r := newRing(t, 8, Options{})
+	require.NotZero(t, r.Features()&FeatCQESkip)
+	s := getSQE(t, r)
+	s.PrepareNop()
+	s.Flags |= SQECQESkipSuccess
+	s.UserData = 1
+	s = getSQE(t, r)
+	s.PrepareClose(-1) // fails, so its CQE is posted despite the flag
+	s.Flags |= SQECQESkipSuccess
+	s.UserData = 2
+	got := run(t, r, 1)
+	assert.ErrorIs(t, ptr(got[2]).Err(), syscall.EBADF)
+	n, err := r.SubmitAndWait(1, 50*time.Millisecond)
+	require.NoError(t, err)
+	assert.Zero(t, n)
+	assert.Zero(t, r.Reap(make([]CQE, 4)), "the successful NOP posted a CQE")
+}
+
+func pipe(t testing.TB) (rd, wr int) {
+	t.Helper()
+	var p [2]int
+	require.NoError(t, unix.Pipe2(p[:], unix.O_CLOEXEC))
+	t.Cleanup(func() { unix.Close(p[0]); unix.Close(p[1]) })
+	return p[0], p[1]
+}
+
+func TestLinkTimeout(t *testing.T) {
+	r := newRing(t, 8, Options{})
+	rd, wr := pipe(t)
+	buf := make([]byte, 8)
+	ts := &Timespec{Nsec: int64(20 * time.Millisecond)}
+
+	// Fires: a read of an empty pipe would wait forever.
+	s := getSQE(t, r)
+	s.PrepareRead(rd, buf, 0)
+	s.Flags |= SQEIOLink
+	s.UserData = 1
+	getSQE(t, r).PrepareLinkTimeout(ts)
+	r.sqes[(r.sqeTail-1)&r.sqMask].UserData = 2
+	got := run(t, r, 2)
+	assert.ErrorIs(t, ptr(got[1]).Err(), syscall.ECANCELED)
+	assert.ErrorIs(t, ptr(got[2]).Err(), syscall.ETIME)
+
+	// Does not fire: data is waiting.
+	_, err := unix.Write(wr, []byte("ok"))
+	require.NoError(t, err)
+	ts.Sec = 5
+	s = getSQE(t, r)
+	s.PrepareRead(rd, buf, 0)
+	s.Flags |= SQEIOLink
+	s.UserData = 3
+	getSQE(t, r).PrepareLinkTimeout(ts)
+	r.sqes[(r.sqeTail-1)&r.sqMask].UserData = 4
+	got = run(t, r, 2)
+	assert.Equal(t, int32(2), got[3].Res)
+	assert.ErrorIs(t, ptr(got[4]).Err(), syscall.ECANCELED)
+}
+
+func TestAsyncCancel(t *testing.T) {
+	r := newRing(t, 8, Options{})
+	rd, _ := pipe(t)
+	buf := make([]byte, 8)
+	s := getSQE(t, r)
+	s.PrepareRead(rd, buf, 0)
+	s.UserData = 7
+	n, err := r.SubmitAndWait(1, 20*time.Millisecond)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Zero(t, r.Reap(make([]CQE, 4)), "the read of an empty pipe completed")
+
+	s = getSQE(t, r)
+	s.PrepareCancel(7, 0)
+	s.UserData = 8
+	s = getSQE(t, r)
+	s.PrepareCancel(12345, 0)
+	s.UserData = 9
+	got := run(t, r, 3)
+	assert.ErrorIs(t, ptr(got[7]).Err(), syscall.ECANCELED)
+	assert.Equal(t, int32(0), got[8].Res)
+	assert.ErrorIs(t, ptr(got[9]).Err(), syscall.ENOENT)
+}
+
+func TestSQFullIsReported(t *testing.T) {
+	r := newRing(t, 4, Options{})
+	for range 4 {
+		getSQE(t, r).PrepareNop()
+	}
+	assert.Nil(t, r.GetSQE(), "a fifth SQE would overwrite the first")
+	assert.Equal(t, uint32(0), r.SQSpace())
+	assert.Equal(t, uint32(4), r.Pending())
+	n, err := r.Submit()
+	require.NoError(t, err)
+	assert.Equal(t, 4, n)
+	assert.NotNil(t, r.GetSQE())
+}
+
+// TestCQOverflowLosesNothing posts four times as many completions as the CQ
+// holds before reaping any.
+func TestCQOverflowLosesNothing(t *testing.T) {
+	for _, opts := range []Options{{CQEntries: 8}, {CQEntries: 8, Disable: FlagDeferTaskrun | FlagSingleIssuer}} {
+		r := newRing(t, 8, opts)
+		require.NotZero(t, r.Features()&FeatNoDrop)
+		const total = 32
+		for i := range total {
+			s := r.GetSQE()
+			if s == nil {
+				_, err := r.Submit()
+				require.NoError(t, err)
+				s = getSQE(t, r)
+			}
+			s.PrepareNop()
+			s.UserData = uint64(i)
+		}
+		_, err := r.Submit()
+		require.NoError(t, err)
+		seen := make([]bool, total)
+		cqes := make([]CQE, 4)
+		count := 0
+		for tries := 0; count < total && tries < 1000; tries++ {
+			n := r.Reap(cqes)
+			if n == 0 {
+				_, err := r.SubmitAndWait(1, 100*time.Millisecond)
+				require.NoError(t, err)
+			}
+			for _, c := range cqes[:n] {
+				require.False(t, seen[c.UserData], "duplicate %d", c.UserData)
+				seen[c.UserData] = true
+				count++
+			}
+		}
+		assert.Equal(t, total, count, "flags %v", r.Flags())
+	}
+}
+
+func TestCloseTwice(t *testing.T) {
+	r, err := New(4, Options{Disable: FlagSingleIssuer | FlagDeferTaskrun})
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+	require.NoError(t, r.Close())
+	assert.Equal(t, -1, r.FD())
+}
+
+func TestReapDoesNotAllocate(t *testing.T) {
+	r := newRing(t, 64, Options{})
+	cqes := make([]CQE, 64)
+	allocs := testing.AllocsPerRun(100, func() {
+		for range 32 {
+			r.GetSQE().PrepareNop()
+		}
+		if _, err := r.SubmitAndWait(32, -1); err != nil {
+			panic(err)
+		}
+		if n := r.Reap(cqes); n != 32 {
+			panic(n)
+		}
+	})
+	assert.Zero(t, allocs)
+}
+
+func TestWakeEndsBlockedWait(t *testing.T) {
+	r := newRing(t, 8, Options{})
+	w, err := NewWaker()
+	require.NoError(t, err)
+	defer w.Close()
+	const wakeData = 99
+	w.Arm(getSQE(t, r), wakeData)
+
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		assert.NoError(t, w.Wake())
+		assert.NoError(t, w.Wake()) // coalesced
+	}()
+	// No timeout: only the wake can end this wait.
+	_, err = r.SubmitAndWait(1, -1)
+	require.NoError(t, err)
+	cqes := make([]CQE, 4)
+	n := r.Reap(cqes)
+	require.Equal(t, 1, n)
+	assert.Equal(t, uint64(wakeData), cqes[0].UserData)
+	assert.Equal(t, int32(8), cqes[0].Res)
+
+	// Re-armed, it wakes again.
+	w.Arm(getSQE(t, r), wakeData)
+	require.NoError(t, w.Wake())
+	got := run(t, r, 1)
+	assert.Equal(t, int32(8), got[wakeData].Res)
+}
+
+func TestSingleIssuerFromOtherThread(t *testing.T) {
+	r := newRing(t, 4, Options{})
+	require.NotZero(t, r.Flags()&FlagSingleIssuer)
+	done := make(chan error)
+	go func() {
+		runtime.LockOSThread() // a thread that is certainly not the owner's
+		defer runtime.UnlockOSThread()
+		r.GetSQE().PrepareNop()
+		_, err := r.Submit()
+		done <- err
+	}()
+	err := <-done
+	require.Error(t, err)
+	assert.ErrorIs(t, err, syscall.EEXIST)
+	assert.Contains(t, err.Error(), "LockOSThread")
+}
+
+func TestIOWQMaxWorkers(t *testing.T) {
+	r := newRing(t, 4, Options{})
+	_, _, err := r.SetIOWQMaxWorkers(4, 8)
+	require.NoError(t, err)
+	b, u, err := r.SetIOWQMaxWorkers(0, 0) // zero reads back without changing
+	require.NoError(t, err)
+	assert.Equal(t, uint32(4), b)
+	assert.Equal(t, uint32(8), u)
+}
+
+// TestKernelWritesAfterGC holds a read on a pipe across collections: the
+// buffer stays where the kernel will write it.
+func TestKernelWritesAfterGC(t *testing.T) {
+	r := newRing(t, 4, Options{})
+	rd, wr := pipe(t)
+	buf := make([]byte, 16)
+	s := getSQE(t, r)
+	s.PrepareRead(rd, buf, 0)
+	s.UserData = 1
+	_, err := r.Submit()
+	require.NoError(t, err)
+	for range 3 {
+		runtime.GC()
+	}
+	_, err = unix.Write(wr, []byte("after gc"))
+	require.NoError(t, err)
+	got := run(t, r, 1)
+	assert.Equal(t, int32(8), got[1].Res)
+	assert.Equal(t, "after gc", string(buf[:8]))
+	runtime.KeepAlive(buf)
+}

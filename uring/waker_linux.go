@@ -1,0 +1,69 @@
+package uring
+
+import (
+	"fmt"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Waker lets any goroutine end the owner's wait in SubmitAndWait.
+//
+// Why an eventfd with an armed READ: MSG_RING would need a ring per waking
+// goroutine, and with SINGLE_ISSUER nobody else may enter the owner's ring.
+// An eventfd costs one write(2) to wake, works on every kernel the tier
+// supports, and the owner sees the wake-up as an ordinary CQE. Wakes are
+// coalesced: only the first Wake after the owner re-arms writes to the fd.
+type Waker struct {
+	fd      int         // the eventfd; blocking, so the ring's READ waits instead of failing EAGAIN; immutable
+	closed  atomic.Bool // set by Close
+	pending atomic.Bool // a wake was written and not yet consumed by Rearm
+	buf     [8]byte     // target of the armed READ; the kernel writes it, so it lives as long as the Waker
+}
+
+// NewWaker creates a Waker.
+func NewWaker() (*Waker, error) {
+	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("uring: eventfd: %w", err)
+	}
+	return &Waker{fd: fd}, nil
+}
+
+// Arm prepares sqe as a READ of the eventfd; its CQE (with userData)
+// arrives after the next Wake. The owner re-arms after each such CQE.
+func (w *Waker) Arm(sqe *SQE, userData uint64) {
+	w.pending.Store(false)
+	sqe.prepRW(OpRead, int32(w.fd), uintptr(unsafe.Pointer(&w.buf)), uint32(len(w.buf)), 0)
+	sqe.UserData = userData
+}
+
+// Wake ends the owner's current or next wait. Safe from any goroutine; a
+// Wake while one is pending costs no syscall.
+func (w *Waker) Wake() error {
+	if w.pending.Swap(true) {
+		return nil
+	}
+	one := [8]byte{1}
+	for {
+		_, err := unix.Write(w.fd, one[:])
+		if err != unix.EINTR {
+			if err != nil {
+				return fmt.Errorf("uring: wake: %w", err)
+			}
+			return nil
+		}
+	}
+}
+
+// Close closes the eventfd; a second Close does nothing. Close the ring
+// first (the armed READ writes into the Waker until the ring cancels it),
+// and make sure no goroutine can call Wake any more: its write would go to
+// whatever file reuses the descriptor number.
+func (w *Waker) Close() error {
+	if w.closed.Swap(true) {
+		return nil
+	}
+	return unix.Close(w.fd)
+}
