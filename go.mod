@@ -7,5 +7,6 @@ require (
 	github.com/hanwen/go-fuse/v2 v2.12.1 // indirect
 	github.com/stretchr/testify v1.12.1 // indirect
 	go.uber.org/goleak v1.3.0 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/sys v0.50.0 // indirect
 )

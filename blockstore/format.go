@@ -1,0 +1,165 @@
+package blockstore
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+)
+
+// Format constants. The layout of the header is documented byte by byte
+// in the package doc; the offsets below are the single source of truth.
+const (
+	// HeaderSize is the size of the header in bytes. The payload starts at
+	// this offset, so an O_DIRECT read of the payload into an aligned
+	// buffer stays aligned; a block file is exactly HeaderSize+payload bytes.
+	HeaderSize = 4096
+	// FormatVersion is the header version this package writes and reads.
+	FormatVersion = 1
+	// PayloadSizeMax is the largest payload, in bytes (16 GiB). It bounds
+	// what a corrupt size field can make a reader allocate or expect.
+	PayloadSizeMax = 1 << 34
+)
+
+// Magic is the first four bytes of every block file.
+const Magic = "UTBK"
+
+// Header field offsets.
+const (
+	offMagic       = 0
+	offVersion     = 4
+	offKeySize     = 6
+	offPayloadSize = 8
+	offPayloadCRC  = 16
+	offReserved    = 20
+	offKey         = 24
+	offHeaderCRC   = HeaderSize - 4 // covers hdr[0:offHeaderCRC]
+)
+
+// castagnoli is built once: crc32.MakeTable allocates, and with SSE4.2 the
+// Castagnoli polynomial is computed in hardware.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Checksum returns the CRC32C (Castagnoli) of b, the checksum used for both
+// the payload and the header. It does not allocate.
+func Checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+
+// UpdateChecksum extends a CRC32C computed over earlier bytes with b, for
+// callers that see a payload in pieces. UpdateChecksum(0, b) == Checksum(b).
+func UpdateChecksum(crc uint32, b []byte) uint32 { return crc32.Update(crc, castagnoli, b) }
+
+// Header is a decoded block header.
+type Header struct {
+	// Version is the format version, FormatVersion.
+	Version uint16
+	// Key is the block's key. It aliases the buffer passed to DecodeHeader
+	// and is valid only as long as that buffer is.
+	Key []byte
+	// PayloadSize is the payload length in bytes.
+	PayloadSize int64
+	// PayloadCRC is the CRC32C of the payload.
+	PayloadCRC uint32
+}
+
+// FileSize is the exact size of the block file this header describes.
+func (h Header) FileSize() int64 { return HeaderSize + h.PayloadSize }
+
+// EncodeHeader fills hdr[:HeaderSize] with the header of a block holding
+// payload under key, computing the payload's CRC32C. It does not allocate.
+// It panics if hdr is shorter than HeaderSize, the key is invalid or the
+// payload is larger than PayloadSizeMax: callers validate those first.
+func EncodeHeader(hdr, key, payload []byte) {
+	EncodeHeaderSum(hdr, key, int64(len(payload)), Checksum(payload))
+}
+
+// EncodeHeaderSum is EncodeHeader for a caller that has already computed
+// the payload's size and CRC32C (for example with UpdateChecksum while
+// the payload streamed in). It does not allocate.
+func EncodeHeaderSum(hdr, key []byte, payloadSize int64, payloadCRC uint32) {
+	if len(hdr) < HeaderSize {
+		panic(fmt.Sprintf("blockstore: EncodeHeader: buffer is %d bytes, need %d", len(hdr), HeaderSize))
+	}
+	if len(key) < KeySizeMin || len(key) > KeySizeMax {
+		panic(fmt.Sprintf("blockstore: EncodeHeader: key is %d bytes", len(key)))
+	}
+	if payloadSize < 0 || payloadSize > PayloadSizeMax {
+		panic(fmt.Sprintf("blockstore: EncodeHeader: payload is %d bytes", payloadSize))
+	}
+	hdr = hdr[:HeaderSize]
+	clear(hdr)
+	copy(hdr[offMagic:], Magic)
+	binary.LittleEndian.PutUint16(hdr[offVersion:], FormatVersion)
+	binary.LittleEndian.PutUint16(hdr[offKeySize:], uint16(len(key)))
+	binary.LittleEndian.PutUint64(hdr[offPayloadSize:], uint64(payloadSize))
+	binary.LittleEndian.PutUint32(hdr[offPayloadCRC:], payloadCRC)
+	copy(hdr[offKey:], key)
+	binary.LittleEndian.PutUint32(hdr[offHeaderCRC:], Checksum(hdr[:offHeaderCRC]))
+}
+
+// DecodeHeader decodes and verifies the header in hdr[:HeaderSize]. Any
+// failure wraps ErrCorrupt and names the field. The returned Key aliases
+// hdr. It does not allocate on success.
+//
+// The checks run in an order that gives the most useful message: magic
+// first (not a block file at all), then version (a newer format whose
+// header checksum may be laid out differently), then the header checksum,
+// then the fields' ranges.
+func DecodeHeader(hdr []byte) (Header, error) {
+	if len(hdr) < HeaderSize {
+		return Header{}, fmt.Errorf("%w: header is %d bytes, want %d", ErrCorrupt, len(hdr), HeaderSize)
+	}
+	hdr = hdr[:HeaderSize]
+	if string(hdr[offMagic:offMagic+len(Magic)]) != Magic {
+		return Header{}, fmt.Errorf("%w: magic is %q, want %q", ErrCorrupt, hdr[offMagic:offMagic+len(Magic)], Magic)
+	}
+	h := Header{Version: binary.LittleEndian.Uint16(hdr[offVersion:])}
+	if h.Version != FormatVersion {
+		return Header{}, fmt.Errorf("%w: version is %d, want %d", ErrCorrupt, h.Version, FormatVersion)
+	}
+	if got, want := Checksum(hdr[:offHeaderCRC]), binary.LittleEndian.Uint32(hdr[offHeaderCRC:]); got != want {
+		return Header{}, fmt.Errorf("%w: header checksum is %#08x, header says %#08x", ErrCorrupt, got, want)
+	}
+	keySize := int(binary.LittleEndian.Uint16(hdr[offKeySize:]))
+	if keySize < KeySizeMin || keySize > KeySizeMax {
+		return Header{}, fmt.Errorf("%w: key size is %d, want %d to %d", ErrCorrupt, keySize, KeySizeMin, KeySizeMax)
+	}
+	size := binary.LittleEndian.Uint64(hdr[offPayloadSize:])
+	if size > PayloadSizeMax {
+		return Header{}, fmt.Errorf("%w: payload size is %d, more than %d", ErrCorrupt, size, PayloadSizeMax)
+	}
+	if r := binary.LittleEndian.Uint32(hdr[offReserved:]); r != 0 {
+		return Header{}, fmt.Errorf("%w: reserved field is %#x, want 0", ErrCorrupt, r)
+	}
+	h.Key = hdr[offKey : offKey+keySize : offKey+keySize]
+	h.PayloadSize = int64(size)
+	h.PayloadCRC = binary.LittleEndian.Uint32(hdr[offPayloadCRC:])
+	return h, nil
+}
+
+// CheckBlock verifies a block read from disk: hdr is its first HeaderSize
+// bytes and payload is exactly the bytes read from offset HeaderSize (so a
+// short read shows up as a size mismatch). It checks the header, that the
+// header's key is key (a misplaced or renamed file) and the payload's size
+// and CRC32C. The caller checks the file size separately against
+// Header.FileSize if it knows it. It does not allocate on success.
+func CheckBlock(key, hdr, payload []byte) error {
+	h, err := DecodeHeader(hdr)
+	if err != nil {
+		return err
+	}
+	return h.check(key, payload)
+}
+
+// check is CheckBlock after the header has been decoded.
+func (h Header) check(key, payload []byte) error {
+	if !bytes.Equal(h.Key, key) {
+		return fmt.Errorf("%w: key is %x, want %x", ErrCorrupt, h.Key, key)
+	}
+	if int64(len(payload)) != h.PayloadSize {
+		return fmt.Errorf("%w: payload is %d bytes, header says %d", ErrCorrupt, len(payload), h.PayloadSize)
+	}
+	if got := Checksum(payload); got != h.PayloadCRC {
+		return fmt.Errorf("%w: payload checksum is %#08x, header says %#08x", ErrCorrupt, got, h.PayloadCRC)
+	}
+	return nil
+}

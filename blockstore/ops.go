@@ -1,0 +1,324 @@
+package blockstore
+
+import (
+	"fmt"
+	"io/fs"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// headerPool holds HeaderSize buffers so Put and Get do not allocate one
+// per call.
+var headerPool = sync.Pool{New: func() any { return new([HeaderSize]byte) }}
+
+// Put stores payload as the block key in namespace ns, atomically: it
+// writes a temporary file in the block's directory, makes it as durable as
+// the Store's Durability asks, and renames it onto the block's name.
+// Readers see either the old block, no block, or the whole new one.
+// Concurrent Puts of the same key are safe: the last rename wins, and
+// since blocks are content-addressed its content is the same. On failure
+// the temporary file is removed and nothing becomes visible.
+func (s *Store) Put(ns string, key, payload []byte) error {
+	final, err := s.blockPath(ns, key)
+	if err != nil {
+		return err
+	}
+	if len(payload) > PayloadSizeMax {
+		return fmt.Errorf("%w: %d bytes, more than %d", ErrPayloadSize, len(payload), PayloadSizeMax)
+	}
+	if err := s.EnsureDir(ns, key); err != nil {
+		return err
+	}
+	hdr := headerPool.Get().(*[HeaderSize]byte)
+	defer headerPool.Put(hdr)
+	EncodeHeader(hdr[:], key, payload)
+
+	err = s.publish(ns, key, final, hdr[:], payload)
+	if err == unix.ENOENT {
+		// A directory vanished (an admin removed an empty one): the
+		// directory cache lied. Recreate and retry once.
+		s.ForgetDir(ns, key)
+		if err = s.EnsureDir(ns, key); err == nil {
+			err = s.publish(ns, key, final, hdr[:], payload)
+		}
+	}
+	if err != nil {
+		return &fs.PathError{Op: "put", Path: final, Err: err}
+	}
+	return nil
+}
+
+// publish writes one temporary file and renames it onto final. It returns
+// raw errnos so that Put can recognise ENOENT.
+func (s *Store) publish(ns string, key []byte, final string, hdr, payload []byte) error {
+	bp := pathPool.Get().(*[]byte)
+	defer pathPool.Put(bp)
+	dirEnd := len(s.root) + 1 + len(ns) + 1
+	var tmp string
+	var fd int
+	for attempt := 0; ; attempt++ {
+		*bp = s.layout.AppendTempPath(append((*bp)[:0], final[:dirEnd]...), key, NewTempToken())
+		tmp = string(*bp)
+		var err error
+		fd, err = openFile(tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, fileMode)
+		if err == nil {
+			break
+		}
+		// EEXIST: another host picked the same pid and token; try
+		// another token, a bounded number of times.
+		if err != unix.EEXIST || attempt == 3 {
+			return err
+		}
+	}
+	err := s.writeFile(fd, hdr, payload)
+	if cerr := unix.Close(fd); err == nil {
+		err = cerr // on NFS, close reports deferred write errors
+	}
+	if err == nil && s.hooks != nil && s.hooks.beforeRename != nil {
+		s.hooks.beforeRename(tmp)
+	}
+	if err == nil {
+		err = ignoringEINTR(func() error { return unix.Rename(tmp, final) })
+	}
+	if err != nil {
+		_ = unix.Unlink(tmp) // best effort; Clean removes what is left
+		return err
+	}
+	if s.durability == DurabilityFull {
+		return syncDir(final[:strings.LastIndexByte(final, '/')])
+	}
+	return nil
+}
+
+// writeFile writes the header and payload and syncs as Durability asks.
+func (s *Store) writeFile(fd int, hdr, payload []byte) error {
+	for _, p := range [2][]byte{hdr, payload} {
+		if s.hooks != nil && s.hooks.write != nil {
+			if err := s.hooks.write(p); err != nil {
+				return err
+			}
+		}
+		if err := writeFull(fd, p); err != nil {
+			return err
+		}
+	}
+	if s.durability >= DurabilityData {
+		// fdatasync suffices: for a new file it also flushes the size,
+		// and the other metadata (times) is not needed to read it back.
+		return ignoringEINTR(func() error { return unix.Fdatasync(fd) })
+	}
+	return nil
+}
+
+// Get reads the payload of block key in namespace ns into buf and returns
+// its length. buf must hold the payload (ErrBufferSize otherwise); for
+// fixed-size blocks it is usually exactly as long. A missing block is an
+// error for which errors.Is(err, fs.ErrNotExist) holds; a damaged one
+// wraps ErrCorrupt. Either way the block is not there.
+func (s *Store) Get(ns string, key, buf []byte) (int, error) {
+	p, err := s.blockPath(ns, key)
+	if err != nil {
+		return 0, err
+	}
+	n, err := readBlock(p, key, buf, nil)
+	if err != nil {
+		return 0, &fs.PathError{Op: "get", Path: p, Err: err}
+	}
+	return n, nil
+}
+
+// readBlock reads and verifies the block file at path into buf. If grow is
+// non-nil, buf is replaced by (*grow)(size) when it is too small. It
+// returns raw errnos or ErrCorrupt/ErrBufferSize errors.
+func readBlock(path string, key, buf []byte, grow func(int) []byte) (int, error) {
+	fd, err := openFile(path, unix.O_RDONLY, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := ignoringEINTR(func() error { return unix.Fstat(fd, &st) }); err != nil {
+		return 0, err
+	}
+	hdr := headerPool.Get().(*[HeaderSize]byte)
+	defer headerPool.Put(hdr)
+	n, err := preadFull(fd, hdr[:], 0)
+	if err != nil {
+		return 0, err
+	}
+	h, err := DecodeHeader(hdr[:n])
+	if err != nil {
+		return 0, err
+	}
+	if st.Size != h.FileSize() {
+		return 0, fmt.Errorf("%w: file is %d bytes, header says %d", ErrCorrupt, st.Size, h.FileSize())
+	}
+	size := int(h.PayloadSize)
+	if len(buf) < size {
+		if grow == nil {
+			return 0, fmt.Errorf("%w: buffer is %d bytes, payload is %d", ErrBufferSize, len(buf), size)
+		}
+		buf = grow(size)
+	}
+	n, err = preadFull(fd, buf[:size], HeaderSize)
+	if err != nil {
+		return 0, err
+	}
+	if err := h.check(key, buf[:n]); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// Has reports whether block key exists in namespace ns, without reading
+// or verifying it.
+func (s *Store) Has(ns string, key []byte) (bool, error) {
+	p, err := s.blockPath(ns, key)
+	if err != nil {
+		return false, err
+	}
+	var st unix.Stat_t
+	switch err := ignoringEINTR(func() error { return unix.Lstat(p, &st) }); err {
+	case nil:
+		return true, nil
+	case unix.ENOENT:
+		return false, nil
+	default:
+		return false, &fs.PathError{Op: "has", Path: p, Err: err}
+	}
+}
+
+// Delete removes block key from namespace ns. Deleting a missing block is
+// an error for which errors.Is(err, fs.ErrNotExist) holds, as for os.Remove.
+func (s *Store) Delete(ns string, key []byte) error {
+	p, err := s.blockPath(ns, key)
+	if err != nil {
+		return err
+	}
+	if err := ignoringEINTR(func() error { return unix.Unlink(p) }); err != nil {
+		return &fs.PathError{Op: "delete", Path: p, Err: err}
+	}
+	return nil
+}
+
+// BlockInfo describes a block file, from its metadata only.
+type BlockInfo struct {
+	// Namespace holds the block.
+	Namespace string
+	// Key is the block's key.
+	Key []byte
+	// Path is the block file's absolute path.
+	Path string
+	// Size is the file's size in bytes, header included.
+	Size int64
+	// ModTime is when the block was written.
+	ModTime time.Time
+	// AccessTime is when it was last read, as far as the mount records it
+	// (never with noatime, at most daily after the first read with relatime).
+	AccessTime time.Time
+	// ino identifies the file, so maintenance can tell whether a block
+	// was replaced between its scan and its removal.
+	ino uint64
+}
+
+// Stat describes block key in namespace ns from its metadata, without
+// reading or verifying it. A missing block is an error for which
+// errors.Is(err, fs.ErrNotExist) holds.
+func (s *Store) Stat(ns string, key []byte) (BlockInfo, error) {
+	p, err := s.blockPath(ns, key)
+	if err != nil {
+		return BlockInfo{}, err
+	}
+	var st unix.Stat_t
+	if err := ignoringEINTR(func() error { return unix.Lstat(p, &st) }); err != nil {
+		return BlockInfo{}, &fs.PathError{Op: "stat", Path: p, Err: err}
+	}
+	return blockInfo(ns, append([]byte(nil), key...), p, &st), nil
+}
+
+func blockInfo(ns string, key []byte, path string, st *unix.Stat_t) BlockInfo {
+	return BlockInfo{
+		Namespace:  ns,
+		Key:        key,
+		Path:       path,
+		Size:       st.Size,
+		ModTime:    time.Unix(st.Mtim.Unix()),
+		AccessTime: time.Unix(st.Atim.Unix()),
+		ino:        st.Ino,
+	}
+}
+
+// openFile opens path with O_CLOEXEC added, retrying EINTR.
+func openFile(path string, flags int, mode uint32) (int, error) {
+	for {
+		fd, err := unix.Open(path, flags|unix.O_CLOEXEC, mode)
+		if err != unix.EINTR {
+			return fd, err
+		}
+	}
+}
+
+// writeFull writes all of p, continuing after short writes.
+func writeFull(fd int, p []byte) error {
+	for len(p) > 0 {
+		n, err := unix.Write(fd, p)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return unix.EIO // write(2) of a non-empty buffer returned 0: no progress possible
+		}
+		p = p[n:]
+	}
+	return nil
+}
+
+// preadFull reads into p at off until p is full or the file ends, and
+// returns how much it read; the caller compares that against what it needs.
+func preadFull(fd int, p []byte, off int64) (int, error) {
+	done := 0
+	for done < len(p) {
+		n, err := unix.Pread(fd, p[done:], off+int64(done))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return done, err
+		}
+		if n == 0 {
+			break
+		}
+		done += n
+	}
+	return done, nil
+}
+
+// ignoringEINTR calls fn until it returns something other than EINTR. It
+// is the one place EINTR is retried for calls without a result count.
+func ignoringEINTR(fn func() error) error {
+	for {
+		if err := fn(); err != unix.EINTR {
+			return err
+		}
+	}
+}
+
+// syncDir fsyncs the directory dir, making its entries durable.
+func syncDir(dir string) error {
+	fd, err := openFile(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	defer unix.Close(fd)
+	if err := ignoringEINTR(func() error { return unix.Fsync(fd) }); err != nil {
+		return &os.PathError{Op: "fsync", Path: dir, Err: err}
+	}
+	return nil
+}

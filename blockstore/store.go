@@ -1,0 +1,249 @@
+package blockstore
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// Durability says how far Put goes to make a block survive a power loss.
+type Durability uint8
+
+const (
+	// DurabilityNone renames the block into place without fsync. It is
+	// the default and safe for a cache: after a power loss an un-synced
+	// block may be missing, truncated or garbage, and the header and
+	// payload checksums turn that into a miss (ErrCorrupt), never into
+	// wrong data.
+	DurabilityNone Durability = iota
+	// DurabilityData fsyncs the file before the rename, so a block that is
+	// found after a power loss is whole; its name may still be lost.
+	DurabilityData
+	// DurabilityFull fsyncs the file before the rename and the directory
+	// after it (and each fan-out directory's parent when it is created),
+	// so a block Put returned for survives a power loss.
+	DurabilityFull
+)
+
+// String returns "none", "data" or "full".
+func (d Durability) String() string {
+	switch d {
+	case DurabilityNone:
+		return "none"
+	case DurabilityData:
+		return "data"
+	case DurabilityFull:
+		return "full"
+	}
+	return fmt.Sprintf("Durability(%d)", uint8(d))
+}
+
+// Options configures a Store. The zero value is valid.
+type Options struct {
+	// Durability of Put; DurabilityNone by default.
+	Durability Durability
+	// Layout of block files under a namespace; FanoutLayout by default.
+	Layout Layout
+	// QuarantineDir receives corrupt blocks that Verify quarantines;
+	// <root>/~quarantine by default ('~' cannot start a namespace, so it
+	// never collides with one). It must be on the root's filesystem.
+	QuarantineDir string
+}
+
+const (
+	fileMode = 0o644
+	dirMode  = 0o755
+)
+
+// quarantineName is the default quarantine directory under the root.
+const quarantineName = "~quarantine"
+
+// Store is a directory of namespaces of block files. Its methods are safe
+// for concurrent use by goroutines, and several processes (or hosts
+// sharing an NFS export) may open the same root: all coordination is
+// through the filesystem (O_EXCL temporary names and rename).
+type Store struct {
+	root       string     // absolute, cleaned; immutable
+	durability Durability // immutable
+	layout     Layout     // immutable
+	quarantine string     // absolute; immutable
+
+	// dirsMu guards dirs: the absolute paths of namespace and fan-out
+	// directories this Store has created or seen exist. Entries are
+	// removed by ForgetDir when a directory turns out to have vanished.
+	dirsMu sync.RWMutex
+	dirs   map[string]struct{}
+
+	hooks *testHooks // nil outside tests; set before the Store is shared
+}
+
+// testHooks are fault-injection points for this package's tests.
+type testHooks struct {
+	write        func(p []byte) error // before each write of a Put; an error fails the write
+	beforeRename func(tmp string)     // after the temporary file is complete
+}
+
+// Open opens the store rooted at root, creating the directory if needed.
+func Open(root string, opts Options) (*Store, error) {
+	if opts.Durability > DurabilityFull {
+		return nil, fmt.Errorf("%w: durability %d", ErrInvalidOptions, opts.Durability)
+	}
+	if root == "" {
+		return nil, fmt.Errorf("%w: empty root", ErrInvalidOptions)
+	}
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(abs, dirMode); err != nil {
+		return nil, err
+	}
+	s := &Store{
+		root:       abs,
+		durability: opts.Durability,
+		layout:     opts.Layout,
+		quarantine: opts.QuarantineDir,
+		dirs:       make(map[string]struct{}),
+	}
+	if s.layout == nil {
+		s.layout = FanoutLayout{}
+	}
+	if s.quarantine == "" {
+		s.quarantine = filepath.Join(abs, quarantineName)
+	} else if s.quarantine, err = filepath.Abs(s.quarantine); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Root returns the store's absolute root directory.
+func (s *Store) Root() string { return s.root }
+
+// Layout returns the store's layout.
+func (s *Store) Layout() Layout { return s.layout }
+
+// Durability returns the store's durability.
+func (s *Store) Durability() Durability { return s.durability }
+
+// NamespaceDir validates ns, creates its directory if needed and returns
+// its absolute path, for a caller that opens it as a dirfd.
+func (s *Store) NamespaceDir(ns string) (string, error) {
+	if err := ValidateNamespace(ns); err != nil {
+		return "", err
+	}
+	dir := s.root + "/" + ns
+	if err := s.ensure(dir, len(s.root)); err != nil {
+		return "", err
+	}
+	return dir, nil
+}
+
+// EnsureDir creates the namespace directory and key's fan-out directories
+// if needed. It remembers what exists, so after the first call for a
+// directory it takes a read lock and a map lookup and does not allocate.
+// If a directory is removed behind the Store's back, a later create in it
+// fails with ENOENT: call ForgetDir and EnsureDir again (Put does).
+func (s *Store) EnsureDir(ns string, key []byte) error {
+	if err := ValidateNamespace(ns); err != nil {
+		return err
+	}
+	if err := ValidateKey(key); err != nil {
+		return err
+	}
+	bp := pathPool.Get().(*[]byte)
+	defer pathPool.Put(bp)
+	*bp = s.appendDir((*bp)[:0], ns, key)
+	s.dirsMu.RLock()
+	_, ok := s.dirs[string(*bp)]
+	s.dirsMu.RUnlock()
+	if ok {
+		return nil
+	}
+	return s.ensure(string(*bp), len(s.root))
+}
+
+// pathPool holds path buffers: a stack array would escape through the
+// Layout interface call, costing an allocation per call.
+var pathPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+// ForgetDir drops what EnsureDir remembers about key's directories, after
+// a create in them failed with ENOENT.
+func (s *Store) ForgetDir(ns string, key []byte) {
+	if ValidateNamespace(ns) != nil || ValidateKey(key) != nil {
+		return
+	}
+	p := s.appendDir(nil, ns, key)
+	s.dirsMu.Lock()
+	defer s.dirsMu.Unlock()
+	// Forget every ancestor below the root: any of them may have gone.
+	for dir := string(p); len(dir) > len(s.root); dir = dir[:strings.LastIndexByte(dir, '/')] {
+		delete(s.dirs, dir)
+	}
+}
+
+// appendDir appends the absolute path of key's directory.
+func (s *Store) appendDir(dst []byte, ns string, key []byte) []byte {
+	dst = append(dst, s.root...)
+	dst = append(dst, '/')
+	dst = append(dst, ns...)
+	n := len(dst)
+	dst = append(dst, '/')
+	if d := s.layout.AppendDir(dst, key); len(d) > n+1 {
+		return d
+	}
+	return dst[:n]
+}
+
+// ensure creates dir and its missing ancestors below the first `keep`
+// bytes (the root, which exists), then remembers them.
+func (s *Store) ensure(dir string, keep int) error {
+	for i := keep + 1; i <= len(dir); i++ {
+		if i < len(dir) && dir[i] != '/' {
+			continue
+		}
+		sub := dir[:i]
+		s.dirsMu.RLock()
+		_, ok := s.dirs[sub]
+		s.dirsMu.RUnlock()
+		if ok {
+			continue
+		}
+		created := true
+		if err := ignoringEINTR(func() error { return unix.Mkdir(sub, dirMode) }); err == unix.EEXIST {
+			created = false
+		} else if err != nil {
+			return &os.PathError{Op: "mkdir", Path: sub, Err: err}
+		}
+		if created && s.durability == DurabilityFull {
+			if err := syncDir(sub[:strings.LastIndexByte(sub, '/')]); err != nil {
+				return err
+			}
+		}
+		s.dirsMu.Lock()
+		s.dirs[sub] = struct{}{}
+		s.dirsMu.Unlock()
+	}
+	return nil
+}
+
+// blockPath validates ns and key and returns the block's absolute path.
+func (s *Store) blockPath(ns string, key []byte) (string, error) {
+	if err := ValidateNamespace(ns); err != nil {
+		return "", err
+	}
+	if err := ValidateKey(key); err != nil {
+		return "", err
+	}
+	bp := pathPool.Get().(*[]byte)
+	defer pathPool.Put(bp)
+	p := append((*bp)[:0], s.root...)
+	p = append(p, '/')
+	p = append(p, ns...)
+	p = append(p, '/')
+	*bp = s.layout.AppendPath(p, key)
+	return string(*bp), nil
+}
