@@ -49,24 +49,24 @@ const (
 
 // io_uring_register opcodes: enum io_uring_register_op.
 const (
-	registerBuffers         = 0  // IORING_REGISTER_BUFFERS
-	unregisterBuffers       = 1  // IORING_UNREGISTER_BUFFERS
-	registerFiles           = 2  // IORING_REGISTER_FILES
-	unregisterFiles         = 3  // IORING_UNREGISTER_FILES
-	registerProbe           = 8  // IORING_REGISTER_PROBE
-	registerFiles2          = 13 // IORING_REGISTER_FILES2
-	registerIOWQMaxWorkers  = 19 // IORING_REGISTER_IOWQ_MAX_WORKERS
-	rsrcRegisterSparse      = 1  // IORING_RSRC_REGISTER_SPARSE, io_uring_rsrc_register.flags
-	probeOpSupported        = 1  // IO_URING_OP_SUPPORTED, io_uring_probe_op.flags
-	probeOpsMax             = 256
-	sizeofProbeHeader       = 16 // struct io_uring_probe without ops[]
-	sizeofProbeOp           = 8  // struct io_uring_probe_op
-	sizeofRsrcRegister      = 32 // struct io_uring_rsrc_register
-	sizeofGeteventsArg      = 24 // struct io_uring_getevents_arg
-	sizeofSQE               = 64 // struct io_uring_sqe
-	sizeofCQE               = 16 // struct io_uring_cqe (no IORING_SETUP_CQE32)
-	sizeofParams            = 120
-	fsyncDatasync           = 1 << 0 // IORING_FSYNC_DATASYNC
+	registerBuffers        = 0  // IORING_REGISTER_BUFFERS
+	unregisterBuffers      = 1  // IORING_UNREGISTER_BUFFERS
+	registerFiles          = 2  // IORING_REGISTER_FILES
+	unregisterFiles        = 3  // IORING_UNREGISTER_FILES
+	registerProbe          = 8  // IORING_REGISTER_PROBE
+	registerFiles2         = 13 // IORING_REGISTER_FILES2
+	registerIOWQMaxWorkers = 19 // IORING_REGISTER_IOWQ_MAX_WORKERS
+	rsrcRegisterSparse     = 1  // IORING_RSRC_REGISTER_SPARSE, io_uring_rsrc_register.flags
+	probeOpSupported       = 1  // IO_URING_OP_SUPPORTED, io_uring_probe_op.flags
+	probeOpsMax            = 256
+	sizeofProbeHeader      = 16 // struct io_uring_probe without ops[]
+	sizeofProbeOp          = 8  // struct io_uring_probe_op
+	sizeofRsrcRegister     = 32 // struct io_uring_rsrc_register
+	sizeofGeteventsArg     = 24 // struct io_uring_getevents_arg
+	sizeofSQE              = 64 // struct io_uring_sqe
+	sizeofCQE              = 16 // struct io_uring_cqe (no IORING_SETUP_CQE32)
+	sizeofParams           = 120
+	fsyncDatasync          = 1 << 0 // IORING_FSYNC_DATASYNC
 )
 
 // Opcode is an io_uring operation: enum io_uring_op.
@@ -167,13 +167,13 @@ type Timespec struct {
 // sqringOffsets is struct io_sqring_offsets.
 type sqringOffsets struct {
 	head, tail, ringMask, ringEntries, flags, dropped, array, resv1 uint32
-	userAddr                                                      uint64
+	userAddr                                                        uint64
 }
 
 // cqringOffsets is struct io_cqring_offsets.
 type cqringOffsets struct {
 	head, tail, ringMask, ringEntries, overflow, cqes, flags, resv1 uint32
-	userAddr                                                       uint64
+	userAddr                                                        uint64
 }
 
 // params is struct io_uring_params (120 bytes).
