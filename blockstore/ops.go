@@ -124,7 +124,7 @@ func (s *Store) Get(ns string, key, buf []byte) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	n, err := readBlock(p, key, buf, nil)
+	n, _, err := readBlock(p, key, buf, nil)
 	if err != nil {
 		return 0, &fs.PathError{Op: "get", Path: p, Err: err}
 	}
@@ -132,18 +132,25 @@ func (s *Store) Get(ns string, key, buf []byte) (int, error) {
 }
 
 // readBlock reads and verifies the block file at path into buf. If grow is
-// non-nil, buf is replaced by (*grow)(size) when it is too small. It
-// returns raw errnos or ErrCorrupt/ErrBufferSize errors.
-func readBlock(path string, key, buf []byte, grow func(int) []byte) (int, error) {
+// non-nil, buf is replaced by grow(size) when it is too small. It returns
+// the payload size, the file's inode (once known, also with an error) and
+// raw errnos or ErrCorrupt/ErrBufferSize errors.
+func readBlock(path string, key, buf []byte, grow func(int) []byte) (n int, ino uint64, err error) {
 	fd, err := openFile(path, unix.O_RDONLY, 0)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer unix.Close(fd)
 	var st unix.Stat_t
 	if err := ignoringEINTR(func() error { return unix.Fstat(fd, &st) }); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
+	n, err = readOpen(fd, &st, key, buf, grow)
+	return n, st.Ino, err
+}
+
+// readOpen is readBlock once the file is open.
+func readOpen(fd int, st *unix.Stat_t, key, buf []byte, grow func(int) []byte) (int, error) {
 	hdr := headerPool.Get().(*[HeaderSize]byte)
 	defer headerPool.Put(hdr)
 	n, err := preadFull(fd, hdr[:], 0)
@@ -223,6 +230,9 @@ type BlockInfo struct {
 	// ino identifies the file, so maintenance can tell whether a block
 	// was replaced between its scan and its removal.
 	ino uint64
+	// ctime is the inode's change time; rename updates it, so Evict can
+	// tell a block published while it ran.
+	ctime time.Time
 }
 
 // Stat describes block key in namespace ns from its metadata, without
@@ -249,6 +259,7 @@ func blockInfo(ns string, key []byte, path string, st *unix.Stat_t) BlockInfo {
 		ModTime:    time.Unix(st.Mtim.Unix()),
 		AccessTime: time.Unix(st.Atim.Unix()),
 		ino:        st.Ino,
+		ctime:      time.Unix(st.Ctim.Unix()),
 	}
 }
 

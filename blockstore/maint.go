@@ -1,0 +1,442 @@
+package blockstore
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Maintenance walks the tree with plain readdir and lstat, never holding
+// more than one batch of directory entries per level, so memory stays
+// constant however many blocks a namespace holds. The calls are safe to
+// run while other goroutines and processes Put, Get and Delete: a block
+// that disappears mid-walk is skipped, and a block is only removed if its
+// inode is still the one that was examined.
+
+// readDirBatch is how many directory entries are read at a time.
+const readDirBatch = 256
+
+// Namespaces returns the namespaces in the store, sorted.
+func (s *Store) Namespaces() ([]string, error) {
+	entries, err := os.ReadDir(s.root)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range entries {
+		if e.IsDir() && ValidateNamespace(e.Name()) == nil {
+			out = append(out, e.Name())
+		}
+	}
+	return out, nil
+}
+
+// namespaces returns []string{ns} after validating it, or every namespace
+// if ns is "".
+func (s *Store) namespaces(ns string) ([]string, error) {
+	if ns == "" {
+		return s.Namespaces()
+	}
+	if err := ValidateNamespace(ns); err != nil {
+		return nil, err
+	}
+	return []string{ns}, nil
+}
+
+// walk calls fn with the path relative to dir of every regular file under
+// dir. It does not follow symlinks, so it cannot loop or leave dir.
+func walk(dir, rel string, fn func(rel string) error) error {
+	f, err := os.Open(filepath.Join(dir, rel))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // removed since its parent was read
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	for {
+		entries, err := f.ReadDir(readDirBatch)
+		for _, e := range entries {
+			name := e.Name()
+			if rel != "" {
+				name = rel + "/" + name
+			}
+			var werr error
+			switch {
+			case e.IsDir():
+				werr = walk(dir, name, fn)
+			case e.Type().IsRegular():
+				werr = fn(name)
+			}
+			if werr != nil {
+				return werr
+			}
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// Scan calls fn for every block in namespace ns, or in every namespace if
+// ns is "", in directory order. Temporary and unrecognised files are
+// skipped. It stops at and returns the first error fn returns.
+func (s *Store) Scan(ns string, fn func(BlockInfo) error) error {
+	nss, err := s.namespaces(ns)
+	if err != nil {
+		return err
+	}
+	for _, ns := range nss {
+		dir := filepath.Join(s.root, ns)
+		err := walk(dir, "", func(rel string) error {
+			key, ok := s.layout.KeyFromPath(rel)
+			if !ok {
+				return nil
+			}
+			p := dir + "/" + rel
+			var st unix.Stat_t
+			if err := ignoringEINTR(func() error { return unix.Lstat(p, &st) }); err == unix.ENOENT {
+				return nil
+			} else if err != nil {
+				return &fs.PathError{Op: "lstat", Path: p, Err: err}
+			}
+			return fn(blockInfo(ns, key, p, &st))
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// VerifyAction is what Verify does with a corrupt block.
+type VerifyAction uint8
+
+const (
+	// VerifyReport only reports corrupt blocks.
+	VerifyReport VerifyAction = iota
+	// VerifyQuarantine moves corrupt blocks to Options.QuarantineDir,
+	// under their namespace, for inspection.
+	VerifyQuarantine
+	// VerifyRemove deletes corrupt blocks.
+	VerifyRemove
+)
+
+// Problem is a corrupt block found by Verify.
+type Problem struct {
+	// Block is the corrupt block.
+	Block BlockInfo
+	// Err says what was wrong; it wraps ErrCorrupt, or is an EIO.
+	Err error
+	// Moved is where the block was quarantined, if it was.
+	Moved string
+	// Removed says whether the block was deleted.
+	Removed bool
+	// ActionErr is why the action failed, if it did.
+	ActionErr error
+}
+
+// VerifyStats summarises a Verify run.
+type VerifyStats struct {
+	// Blocks is how many blocks were checked.
+	Blocks int64
+	// Bytes is the total size of the files checked.
+	Bytes int64
+	// Corrupt is how many were corrupt.
+	Corrupt int64
+}
+
+// Verify reads every block in namespace ns (every namespace if ns is "")
+// and checks its header, size, key and payload checksum. Each corrupt
+// block is passed to report (which may be nil) after action has been
+// applied to it. An IO error reading a block counts as corruption; any
+// other error stops Verify. Its memory is one buffer as large as the
+// largest payload.
+func (s *Store) Verify(ns string, action VerifyAction, report func(Problem)) (VerifyStats, error) {
+	var stats VerifyStats
+	var buf []byte
+	grow := func(n int) []byte { buf = make([]byte, n); return buf }
+	err := s.Scan(ns, func(b BlockInfo) error {
+		_, ino, err := readBlock(b.Path, b.Key, buf, grow)
+		if err == unix.ENOENT {
+			return nil // deleted since the scan saw it
+		}
+		stats.Blocks++
+		stats.Bytes += b.Size
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, ErrCorrupt) && err != unix.EIO {
+			return &fs.PathError{Op: "verify", Path: b.Path, Err: err}
+		}
+		stats.Corrupt++
+		p := Problem{Block: b, Err: err}
+		switch action {
+		case VerifyQuarantine:
+			p.Moved, p.ActionErr = s.quarantineBlock(b, ino)
+		case VerifyRemove:
+			p.Removed, p.ActionErr = removeIfSame(b.Path, ino)
+		}
+		if report != nil {
+			report(p)
+		}
+		return nil
+	})
+	return stats, err
+}
+
+// quarantineBlock moves the block file at b.Path, if it is still inode
+// ino, into the quarantine directory, and returns where to.
+func (s *Store) quarantineBlock(b BlockInfo, ino uint64) (string, error) {
+	dir := filepath.Join(s.quarantine, b.Namespace)
+	if err := os.MkdirAll(dir, dirMode); err != nil {
+		return "", err
+	}
+	if !sameInode(b.Path, ino) {
+		return "", nil // replaced by a fresh Put: nothing to quarantine
+	}
+	dst := filepath.Join(dir, filepath.Base(b.Path)+"."+strconv.FormatInt(time.Now().UnixNano(), 10))
+	if err := os.Rename(b.Path, dst); err != nil {
+		return "", err
+	}
+	return dst, nil
+}
+
+// sameInode reports whether path is still the file with inode ino.
+func sameInode(path string, ino uint64) bool {
+	var st unix.Stat_t
+	return ignoringEINTR(func() error { return unix.Lstat(path, &st) }) == nil && st.Ino == ino
+}
+
+// removeIfSame unlinks path if it is still inode ino. A block replaced
+// since it was examined is a fresh Put and is left alone. (Between the
+// check and the unlink a Put can still slip in; for a cache that costs a
+// miss, not wrong data.)
+func removeIfSame(path string, ino uint64) (bool, error) {
+	if !sameInode(path, ino) {
+		return false, nil
+	}
+	err := ignoringEINTR(func() error { return unix.Unlink(path) })
+	if err == unix.ENOENT {
+		return false, nil
+	}
+	if err != nil {
+		return false, &fs.PathError{Op: "unlink", Path: path, Err: err}
+	}
+	return true, nil
+}
+
+// CleanStats summarises a Clean run.
+type CleanStats struct {
+	// Removed is how many temporary files were removed.
+	Removed int64
+	// Bytes is their total size.
+	Bytes int64
+}
+
+// Clean removes the temporary files of every namespace that were last
+// modified more than olderThan ago: those of writers that crashed or were
+// killed between creating and renaming them. olderThan must exceed the
+// longest a live Put takes, or Clean removes a file still being written
+// (that Put then fails; nothing wrong becomes visible).
+func (s *Store) Clean(olderThan time.Duration) (CleanStats, error) {
+	var stats CleanStats
+	nss, err := s.Namespaces()
+	if err != nil {
+		return stats, err
+	}
+	cutoff := time.Now().Add(-olderThan)
+	for _, ns := range nss {
+		dir := filepath.Join(s.root, ns)
+		err := walk(dir, "", func(rel string) error {
+			if !s.layout.IsTempPath(rel) {
+				return nil
+			}
+			p := dir + "/" + rel
+			var st unix.Stat_t
+			if err := ignoringEINTR(func() error { return unix.Lstat(p, &st) }); err != nil {
+				return nil // gone already (its writer finished or gave up)
+			}
+			if !time.Unix(st.Mtim.Unix()).Before(cutoff) {
+				return nil
+			}
+			if err := ignoringEINTR(func() error { return unix.Unlink(p) }); err == nil {
+				stats.Removed++
+				stats.Bytes += st.Size
+			} else if err != unix.ENOENT {
+				return &fs.PathError{Op: "unlink", Path: p, Err: err}
+			}
+			return nil
+		})
+		if err != nil {
+			return stats, err
+		}
+	}
+	return stats, nil
+}
+
+// NamespaceUsage is the space used by one namespace.
+type NamespaceUsage struct {
+	// Namespace is the namespace's name.
+	Namespace string
+	// Blocks is how many blocks it holds.
+	Blocks int64
+	// Bytes is the total size of its block files, headers included.
+	Bytes int64
+}
+
+// Usage returns the blocks and bytes of every namespace, sorted by name.
+// Temporary files are not counted.
+func (s *Store) Usage() ([]NamespaceUsage, error) {
+	var out []NamespaceUsage
+	err := s.Scan("", func(b BlockInfo) error {
+		if len(out) == 0 || out[len(out)-1].Namespace != b.Namespace {
+			out = append(out, NamespaceUsage{Namespace: b.Namespace})
+		}
+		u := &out[len(out)-1]
+		u.Blocks++
+		u.Bytes += b.Size
+		return nil
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].Namespace < out[j].Namespace })
+	return out, err
+}
+
+// EvictOptions are the watermarks of Evict, over all namespaces.
+type EvictOptions struct {
+	// HighWatermarkSize is the usage in bytes above which Evict acts.
+	HighWatermarkSize int64
+	// LowWatermarkSize is the usage in bytes Evict brings the store down
+	// to, evicting least recently used blocks first.
+	LowWatermarkSize int64
+}
+
+// EvictStats summarises an Evict run.
+type EvictStats struct {
+	// UsedSize is the bytes of blocks found before evicting.
+	UsedSize int64
+	// FreedSize is the bytes of blocks removed.
+	FreedSize int64
+	// Removed is how many blocks were removed.
+	Removed int64
+}
+
+// evictBuckets is the resolution of Evict's access-time histogram.
+const evictBuckets = 1024
+
+// lruTime is when a block was last used: its access time where the mount
+// records it, else its modification time. Both are set on creation, so
+// max(atime, mtime) is right whether or not atime is maintained.
+func lruTime(b BlockInfo) time.Time {
+	if b.AccessTime.After(b.ModTime) {
+		return b.AccessTime
+	}
+	return b.ModTime
+}
+
+// Evict removes least recently used blocks, across all namespaces, if
+// usage is above the high watermark, until it is at or below the low
+// watermark. Recency is access time where the mount keeps it, else
+// modification time (see BlockInfo.AccessTime for its granularity).
+//
+// It never removes temporary files (blocks being written) nor any block
+// whose inode changed since Evict started (published or replaced during
+// the run: rename updates the inode's ctime). To keep memory constant it
+// makes three passes over the metadata instead of sorting every block:
+// totals and the time range, a histogram of bytes over 1,024 time buckets,
+// then removal of the oldest buckets; the order within a bucket is the
+// directory order, so LRU holds to 1/1024 of the time range.
+func (s *Store) Evict(opts EvictOptions) (EvictStats, error) {
+	var stats EvictStats
+	if opts.LowWatermarkSize < 0 || opts.HighWatermarkSize < opts.LowWatermarkSize {
+		return stats, fmt.Errorf("%w: watermarks low %d, high %d", ErrInvalidOptions, opts.LowWatermarkSize, opts.HighWatermarkSize)
+	}
+	start := time.Now()
+	// Pass 1: usage and the time range of eligible blocks.
+	var lo, hi time.Time
+	err := s.Scan("", func(b BlockInfo) error {
+		stats.UsedSize += b.Size
+		if t := lruTime(b); t.Before(start) {
+			if lo.IsZero() || t.Before(lo) {
+				lo = t
+			}
+			if t.After(hi) {
+				hi = t
+			}
+		}
+		return nil
+	})
+	if err != nil || stats.UsedSize <= opts.HighWatermarkSize || lo.IsZero() {
+		return stats, err
+	}
+	span := hi.Sub(lo) + 1
+	bucket := func(t time.Time) int {
+		d := t.Sub(lo)
+		if d < 0 {
+			return 0
+		}
+		if i := int(int64(d) / (int64(span)/evictBuckets + 1)); i < evictBuckets {
+			return i
+		}
+		return evictBuckets - 1
+	}
+	// Pass 2: bytes per bucket, to find the newest bucket to evict from.
+	var hist [evictBuckets]int64
+	err = s.Scan("", func(b BlockInfo) error {
+		if t := lruTime(b); t.Before(start) {
+			hist[bucket(t)] += b.Size
+		}
+		return nil
+	})
+	if err != nil {
+		return stats, err
+	}
+	need := stats.UsedSize - opts.LowWatermarkSize
+	cutoff, sum := evictBuckets-1, int64(0)
+	for i, n := range hist {
+		if sum += n; sum >= need {
+			cutoff = i
+			break
+		}
+	}
+	// Pass 3: remove every bucket older than the cutoff (together less
+	// than need), then from the cutoff bucket until enough is freed.
+	for _, older := range []bool{true, false} {
+		err = s.Scan("", func(b BlockInfo) error {
+			if stats.FreedSize >= need {
+				return errStop
+			}
+			t := lruTime(b)
+			if !t.Before(start) || !b.ctime.Before(start) {
+				return nil // published or replaced during this run
+			}
+			if i := bucket(t); i > cutoff || older && i == cutoff {
+				return nil
+			}
+			removed, err := removeIfSame(b.Path, b.ino)
+			if removed {
+				stats.Removed++
+				stats.FreedSize += b.Size
+			}
+			return err
+		})
+		if err != nil && err != errStop {
+			return stats, err
+		}
+	}
+	return stats, nil
+}
+
+// errStop ends a Scan early; it never reaches a caller.
+var errStop = errors.New("blockstore: stop")

@@ -1,0 +1,211 @@
+package blockstore
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// fill puts n blocks of size bytes into ns and returns their keys.
+func fill(t *testing.T, s *Store, ns string, first, n, size int) [][]byte {
+	t.Helper()
+	var keys [][]byte
+	for i := first; i < first+n; i++ {
+		k := testKey(i, 32)
+		require.NoError(t, s.Put(ns, k, testPayload(k, size)))
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+func TestScanAndUsage(t *testing.T) {
+	s := openTestStore(t, Options{})
+	a := fill(t, s, "a", 0, 20, 100)
+	fill(t, s, "b", 100, 5, 1000)
+	// Strays the scan must skip: a temp file, a foreign file, a quarantine.
+	k := testKey(999, 32)
+	require.NoError(t, s.EnsureDir("a", k))
+	dir, _ := s.NamespaceDir("a")
+	require.NoError(t, os.WriteFile(filepath.Join(dir, string(FanoutLayout{}.AppendTempPath(nil, k, 1))), []byte("x"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "README"), []byte("x"), 0o644))
+	require.NoError(t, os.MkdirAll(filepath.Join(s.Root(), quarantineName, "a"), 0o755))
+
+	var got [][]byte
+	require.NoError(t, s.Scan("a", func(b BlockInfo) error {
+		assert.Equal(t, "a", b.Namespace)
+		assert.Equal(t, int64(HeaderSize+100), b.Size)
+		got = append(got, b.Key)
+		return nil
+	}))
+	sortKeys(got)
+	sortKeys(a)
+	assert.Equal(t, a, got)
+
+	n := 0
+	stop := errors.New("stop")
+	require.ErrorIs(t, s.Scan("", func(BlockInfo) error { n++; return stop }), stop)
+	assert.Equal(t, 1, n)
+	require.ErrorIs(t, s.Scan("../x", func(BlockInfo) error { return nil }), ErrInvalidNamespace)
+
+	nss, err := s.Namespaces()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"a", "b"}, nss)
+
+	u, err := s.Usage()
+	require.NoError(t, err)
+	assert.Equal(t, []NamespaceUsage{
+		{Namespace: "a", Blocks: 20, Bytes: 20 * (HeaderSize + 100)},
+		{Namespace: "b", Blocks: 5, Bytes: 5 * (HeaderSize + 1000)},
+	}, u)
+}
+
+func sortKeys(keys [][]byte) {
+	sort.Slice(keys, func(i, j int) bool { return string(keys[i]) < string(keys[j]) })
+}
+
+func TestVerify(t *testing.T) {
+	for _, action := range []VerifyAction{VerifyReport, VerifyQuarantine, VerifyRemove} {
+		s := openTestStore(t, Options{})
+		keys := fill(t, s, "ns", 0, 10, 5000)
+		info := func(k []byte) BlockInfo {
+			b, err := s.Stat("ns", k)
+			require.NoError(t, err)
+			return b
+		}
+		flipByte(t, info(keys[1]).Path, HeaderSize+10)
+		require.NoError(t, os.Truncate(info(keys[2]).Path, HeaderSize+4999))
+		require.NoError(t, os.Rename(info(keys[3]).Path, info(keys[4]).Path)) // keys[4]'s path holds keys[3]
+
+		var problems []Problem
+		stats, err := s.Verify("", action, func(p Problem) { problems = append(problems, p) })
+		require.NoError(t, err)
+		assert.Equal(t, int64(9), stats.Blocks)
+		assert.Equal(t, int64(3), stats.Corrupt)
+		require.Len(t, problems, 3)
+		for _, p := range problems {
+			require.ErrorIs(t, p.Err, ErrCorrupt)
+			require.NoError(t, p.ActionErr)
+			switch action {
+			case VerifyQuarantine:
+				assert.FileExists(t, p.Moved)
+				assert.NoFileExists(t, p.Block.Path)
+			case VerifyRemove:
+				assert.True(t, p.Removed)
+				assert.NoFileExists(t, p.Block.Path)
+			default:
+				assert.FileExists(t, p.Block.Path)
+			}
+		}
+		stats, err = s.Verify("ns", VerifyReport, nil)
+		require.NoError(t, err)
+		if action == VerifyReport {
+			assert.Equal(t, int64(3), stats.Corrupt)
+		} else {
+			assert.Equal(t, VerifyStats{Blocks: 6, Bytes: 6 * (HeaderSize + 5000)}, stats)
+		}
+	}
+}
+
+func TestClean(t *testing.T) {
+	s := openTestStore(t, Options{})
+	keys := fill(t, s, "ns", 0, 3, 100)
+	dir, err := s.NamespaceDir("ns")
+	require.NoError(t, err)
+	old := filepath.Join(dir, string(FanoutLayout{}.AppendTempPath(nil, keys[0], 1)))
+	fresh := filepath.Join(dir, string(FanoutLayout{}.AppendTempPath(nil, keys[1], 2)))
+	require.NoError(t, os.WriteFile(old, make([]byte, 10), 0o644))
+	require.NoError(t, os.WriteFile(fresh, make([]byte, 20), 0o644))
+	hourAgo := time.Now().Add(-time.Hour)
+	require.NoError(t, os.Chtimes(old, hourAgo, hourAgo))
+
+	stats, err := s.Clean(10 * time.Minute)
+	require.NoError(t, err)
+	assert.Equal(t, CleanStats{Removed: 1, Bytes: 10}, stats)
+	assert.NoFileExists(t, old)
+	assert.FileExists(t, fresh)
+
+	stats, err = s.Clean(0)
+	require.NoError(t, err)
+	assert.Equal(t, CleanStats{Removed: 1, Bytes: 20}, stats)
+	assert.Len(t, listFiles(t, s.Root()), 3, "blocks are untouched")
+}
+
+// TestEvict ages 100 blocks one minute apart and evicts down to the low
+// watermark: the oldest go, the newest stay.
+func TestEvict(t *testing.T) {
+	const n, size = 100, 1000
+	const file = HeaderSize + size
+	s := openTestStore(t, Options{})
+	keys := append(fill(t, s, "a", 0, n/2, size), fill(t, s, "b", n/2, n/2, size)...)
+	base := time.Now().Add(-24 * time.Hour)
+	for i, k := range keys {
+		b, err := s.Stat(nsOf(i, n), k)
+		require.NoError(t, err)
+		at := base.Add(time.Duration(i) * time.Minute)
+		require.NoError(t, os.Chtimes(b.Path, at, at))
+	}
+	_, err := s.Evict(EvictOptions{HighWatermarkSize: 10, LowWatermarkSize: 20})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+
+	// Below the high watermark: nothing happens.
+	stats, err := s.Evict(EvictOptions{HighWatermarkSize: n * file, LowWatermarkSize: 0})
+	require.NoError(t, err)
+	assert.Equal(t, EvictStats{UsedSize: n * file}, stats)
+
+	// Above it: evict down to 60 blocks' worth, oldest first.
+	stats, err = s.Evict(EvictOptions{HighWatermarkSize: 90 * file, LowWatermarkSize: 60*file + file/2})
+	require.NoError(t, err)
+	assert.Equal(t, int64(40), stats.Removed)
+	assert.Equal(t, int64(40*file), stats.FreedSize)
+	var used int64
+	u, err := s.Usage()
+	require.NoError(t, err)
+	for _, x := range u {
+		used += x.Bytes
+	}
+	assert.LessOrEqual(t, used, int64(60*file+file/2))
+	for i, k := range keys {
+		ok, err := s.Has(nsOf(i, n), k)
+		require.NoError(t, err)
+		assert.Equal(t, i >= 40, ok, "block %d", i)
+	}
+}
+
+func nsOf(i, n int) string {
+	if i < n/2 {
+		return "a"
+	}
+	return "b"
+}
+
+// TestEvictSparesBlockBeingWritten evicts everything while a Put is paused
+// between writing its temporary file and renaming it: the temporary file
+// survives and the block is published whole afterwards.
+func TestEvictSparesBlockBeingWritten(t *testing.T) {
+	s := openTestStore(t, Options{})
+	fill(t, s, "ns", 0, 10, 1000)
+	paused, resume := make(chan string), make(chan struct{})
+	s.hooks = &testHooks{beforeRename: func(tmp string) { paused <- tmp; <-resume }}
+	key := testKey(500, 32)
+	done := make(chan error)
+	go func() { done <- s.Put("ns", key, testPayload(key, 1000)) }()
+	tmp := <-paused
+
+	stats, err := s.Evict(EvictOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, int64(10), stats.Removed)
+	assert.FileExists(t, tmp)
+
+	close(resume)
+	require.NoError(t, <-done)
+	buf := make([]byte, 1000)
+	_, err = s.Get("ns", key, buf)
+	require.NoError(t, err)
+	assert.Equal(t, testPayload(key, 1000), buf)
+}
