@@ -36,8 +36,8 @@
 // request (and the caller's thread, which is blocked in the kernel); others proceed. The rule list is
 // copy-on-write: operations read it without locks, and Inject, Rule.Remove, Release and Reset may be
 // called at any time from any goroutine, also while operations hang. A hang ends at Rule.Release,
-// FS.Release, Rule.Remove, FS.Reset or Unmount, or when the kernel interrupts the request because the
-// caller got a signal (then with EINTR). Released operations then go on as the fault says.
+// FS.Release, Rule.Remove, FS.Reset or Unmount; a kernel interrupt (the caller got a signal) ends it
+// with EINTR only if the fault is Interruptible. Released operations then go on as the fault says.
 //
 // The process that mounts may use the mount itself (tests do): the server's goroutines never wait for
 // the callers'. Do not mmap files of the mount in the same process while a fault may hang: a page

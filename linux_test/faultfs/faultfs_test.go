@@ -2,8 +2,10 @@ package faultfs
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"syscall"
 	"testing"
@@ -374,4 +376,54 @@ func TestOpKindString(t *testing.T) {
 	assert.Equal(t, "all", OpAll.String())
 	assert.Equal(t, "lookup|getattr", (OpLookup | OpGetattr).String())
 	assert.Equal(t, "none", OpKind(0).String())
+}
+
+// TestInterrupt signals the thread blocked in a hung statx: the kernel sends FUSE_INTERRUPT, which ends
+// an Interruptible hang with EINTR and is ignored otherwise.
+func TestInterrupt(t *testing.T) {
+	for _, interruptible := range []bool{true, false} {
+		t.Run(fmt.Sprintf("interruptible=%v", interruptible), func(t *testing.T) {
+			fsys, mnt, backing := mount(t, Options{})
+			require.NoError(t, os.WriteFile(filepath.Join(backing, "f"), nil, 0o644))
+			rule, err := fsys.Inject(Fault{Ops: OpGetattr, Path: "f", Hang: true, Interruptible: interruptible})
+			require.NoError(t, err)
+
+			tids := make(chan int, 1)
+			done := make(chan error, 1)
+			go func() {
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				tids <- unix.Gettid()
+				_, err := statx(filepath.Join(mnt, "f"))
+				done <- err
+			}()
+			tid := <-tids
+			require.Eventually(t, func() bool { return rule.Hung() == 1 }, 5*time.Second, time.Millisecond)
+			// SIGURG: the Go runtime handles it (it is its preemption signal), so nothing else happens.
+			require.NoError(t, unix.Tgkill(unix.Getpid(), tid, unix.SIGURG))
+
+			if interruptible {
+				select {
+				case err := <-done:
+					require.ErrorIs(t, err, syscall.EINTR)
+				case <-time.After(5 * time.Second):
+					t.Fatal("statx still blocked after the interrupt")
+				}
+				return
+			}
+			time.Sleep(50 * time.Millisecond) // give an interrupt time to (wrongly) end the hang
+			select {
+			case err := <-done:
+				t.Fatalf("statx returned after an ignored interrupt: %v", err)
+			default:
+			}
+			rule.Release()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(5 * time.Second):
+				t.Fatal("statx still blocked after Release")
+			}
+		})
+	}
 }

@@ -112,12 +112,16 @@ type Fault struct {
 	// untouched and uncounted (e.g. "only writes at offset 0"). It runs on the FUSE server's goroutines,
 	// concurrently, and must not block.
 	Filter func(Op) bool
-	// Latency is added to every matching operation before it runs. A kernel interrupt (the caller got a
-	// signal) or Unmount cuts it short.
+	// Latency is added to every matching operation before it runs. Unmount cuts it short.
 	Latency time.Duration
-	// Hang holds every matching operation until Rule.Release, FS.Release or FS.Unmount, or until the
-	// kernel interrupts it (then the operation fails with EINTR).
+	// Hang holds every matching operation until Rule.Release, Rule.Remove, FS.Release, FS.Reset or
+	// FS.Unmount.
 	Hang bool
+	// Interruptible makes a kernel interrupt (FUSE_INTERRUPT: the caller got a signal, or io_uring
+	// cancelled the worker doing the call) end the latency or hang at once with EINTR, like an NFS "intr"
+	// mount. By default interrupts are ignored, like a hard NFS mount: the caller stays blocked (only
+	// SIGKILL frees it) until the fault ends.
+	Interruptible bool
 	// Errno, if not zero, is what the matching operation returns instead of running (after any latency
 	// or hang). The caller sees exactly this errno.
 	Errno syscall.Errno
@@ -208,14 +212,19 @@ func (r *Rule) Remove() {
 }
 
 // apply runs the fault for one matched operation and returns the errno the operation must fail with
-// (0: run it). done is closed by Unmount; ctx is cancelled when the kernel interrupts the request.
+// (0: run it). done is closed by Unmount; ctx is cancelled when the kernel interrupts the request
+// (go-fuse closes fuse.Context.Cancel on FUSE_INTERRUPT).
 func (r *Rule) apply(ctx context.Context, done <-chan struct{}) syscall.Errno {
 	r.fired.Add(1)
+	var interrupted <-chan struct{} // nil: never ready
+	if r.fault.Interruptible {
+		interrupted = ctx.Done()
+	}
 	if d := r.fault.Latency; d > 0 {
 		t := time.NewTimer(d)
 		select {
 		case <-t.C:
-		case <-ctx.Done():
+		case <-interrupted:
 			t.Stop()
 			return syscall.EINTR
 		case <-done:
@@ -237,7 +246,7 @@ func (r *Rule) apply(ctx context.Context, done <-chan struct{}) syscall.Errno {
 			select {
 			case <-wake:
 			case <-done:
-			case <-ctx.Done():
+			case <-interrupted:
 				errno = syscall.EINTR
 			}
 			r.hung.Add(-1)
