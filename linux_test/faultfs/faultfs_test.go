@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -426,4 +427,109 @@ func TestInterrupt(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestConcurrentHangs shows that hung operations do not hold each other up: all of them are in the
+// filesystem at once.
+func TestConcurrentHangs(t *testing.T) {
+	const n = 16
+	fsys, mnt, backing := mount(t, Options{})
+	for i := range n {
+		require.NoError(t, os.WriteFile(filepath.Join(backing, fmt.Sprint(i)), nil, 0o644))
+	}
+	rule, err := fsys.Inject(Fault{Ops: OpGetattr, Hang: true})
+	require.NoError(t, err)
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			_, err := statx(filepath.Join(mnt, fmt.Sprint(i)))
+			errs <- err
+		}()
+	}
+	require.Eventually(t, func() bool { return fsys.Hung() == n }, 5*time.Second, time.Millisecond)
+	rule.Release()
+	for range n {
+		require.NoError(t, <-errs)
+	}
+	assert.EqualValues(t, n, rule.Fired())
+}
+
+func TestRuleLifecycle(t *testing.T) {
+	fsys, mnt, backing := mount(t, Options{})
+	require.NoError(t, os.Mkdir(filepath.Join(backing, "d"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(backing, "d", "a.tmp"), nil, 0o644))
+
+	// A rename matches on its destination too; a Filter narrows further.
+	// The filter runs on a server goroutine; the kernel orders it before our rename returns, but the
+	// race detector cannot see that.
+	var mu sync.Mutex
+	var seen []Op
+	rule, err := fsys.Inject(Fault{Ops: OpRename, Path: "d/final", Errno: syscall.EIO,
+		Filter: func(op Op) bool { mu.Lock(); defer mu.Unlock(); seen = append(seen, op); return true }})
+	require.NoError(t, err)
+	err = os.Rename(filepath.Join(mnt, "d", "a.tmp"), filepath.Join(mnt, "d", "final"))
+	require.ErrorIs(t, err, syscall.EIO)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, seen, 1)
+	assert.Equal(t, Op{Kind: OpRename, Path: "d/a.tmp", NewPath: "d/final"}, seen[0])
+	assert.Equal(t, []*Rule{rule}, fsys.Rules())
+
+	skip, err := fsys.Inject(Fault{Ops: OpRename, Errno: syscall.ENOSPC, Filter: func(Op) bool { return false }})
+	require.NoError(t, err)
+	rule.Remove()
+	rule.Remove() // idempotent
+	assert.Equal(t, []*Rule{skip}, fsys.Rules())
+	require.NoError(t, os.Rename(filepath.Join(mnt, "d", "a.tmp"), filepath.Join(mnt, "d", "final")))
+	assert.EqualValues(t, 1, rule.Fired(), "a removed rule does not fire")
+	assert.Zero(t, skip.Fired(), "filtered out operations are not counted")
+
+	fsys.Reset()
+	assert.Empty(t, fsys.Rules())
+	_, err = fsys.Inject(Fault{})
+	assert.Error(t, err)
+}
+
+func TestCacheOption(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		opts   Options
+		cached bool
+	}{
+		{"uncached", Options{}, false},
+		{"cached", Options{EntryTimeout: time.Hour, AttrTimeout: time.Hour}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fsys, mnt, backing := mount(t, tc.opts)
+			require.NoError(t, os.WriteFile(filepath.Join(backing, "f"), nil, 0o644))
+			probe, err := fsys.Inject(Fault{Ops: OpLookup | OpGetattr, Path: "f"})
+			require.NoError(t, err)
+			_, err = statx(filepath.Join(mnt, "f"))
+			require.NoError(t, err)
+			first := probe.Fired()
+			require.Positive(t, first)
+			_, err = statx(filepath.Join(mnt, "f"))
+			require.NoError(t, err)
+			if tc.cached {
+				assert.Equal(t, first, probe.Fired(), "second statx served from the kernel's cache")
+			} else {
+				assert.Greater(t, probe.Fired(), first, "second statx reached the filesystem")
+			}
+		})
+	}
+}
+
+func TestMountErrors(t *testing.T) {
+	if err := Available(); err != nil {
+		t.Skip(err.Error())
+	}
+	dir := t.TempDir()
+	_, err := Mount(dir, filepath.Join(dir, "missing"), Options{})
+	assert.Error(t, err)
+	file := filepath.Join(dir, "file")
+	require.NoError(t, os.WriteFile(file, nil, 0o644))
+	_, err = Mount(file, dir, Options{})
+	assert.Error(t, err)
+	_, err = Mount(t.TempDir(), dir, Options{AttrTimeout: -time.Second})
+	assert.Error(t, err)
 }
