@@ -27,8 +27,9 @@
 // FLUSH and, after the last close, RELEASE, which the caller does not wait for. With the default
 // Options nothing is cached by the kernel (entry and attribute timeouts are 0, files are opened with
 // FOPEN_DIRECT_IO), so every lookup, stat, read and write reaches the rules. Even so the kernel answers
-// some things itself: the root directory's lookup, "." and "..", permission checks, and, with
-// Options.PageCache, data it has cached. A failed lookup is not cached either (negative timeout 0).
+// some things itself: the mount root, "." and ".." are never looked up, and with Options.PageCache or
+// non-zero timeouts it serves what it has cached. A failed lookup is not cached either (negative timeout
+// 0). Direct IO has a cost: the kernel may refuse a shared mmap of a file (set PageCache for that).
 //
 // # Threading model
 //
@@ -40,8 +41,9 @@
 // with EINTR only if the fault is Interruptible. Released operations then go on as the fault says.
 //
 // The process that mounts may use the mount itself (tests do): the server's goroutines never wait for
-// the callers'. Do not mmap files of the mount in the same process while a fault may hang: a page
-// fault then blocks a thread outside a system call, which can stall the garbage collector.
+// the callers', and a caller blocked in a system call does not hold up the Go runtime. Do not mmap files
+// of the mount in the same process while a fault may hang: a page fault then blocks a thread outside a
+// system call, which can stall the garbage collector.
 //
 // # Unmount
 //

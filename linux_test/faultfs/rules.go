@@ -117,10 +117,10 @@ type Fault struct {
 	// Hang holds every matching operation until Rule.Release, Rule.Remove, FS.Release, FS.Reset or
 	// FS.Unmount.
 	Hang bool
-	// Interruptible makes a kernel interrupt (FUSE_INTERRUPT: the caller got a signal, or io_uring
-	// cancelled the worker doing the call) end the latency or hang at once with EINTR, like an NFS "intr"
-	// mount. By default interrupts are ignored, like a hard NFS mount: the caller stays blocked (only
-	// SIGKILL frees it) until the fault ends.
+	// Interruptible makes a kernel interrupt (FUSE_INTERRUPT, sent when the blocked caller has a signal
+	// pending) end the latency or hang at once with EINTR, like an NFS "intr" mount. By default
+	// interrupts are ignored, like a hard NFS mount: the caller stays blocked until the fault ends (a
+	// fatal signal still frees it; the kernel then abandons the request).
 	Interruptible bool
 	// Errno, if not zero, is what the matching operation returns instead of running (after any latency
 	// or hang). The caller sees exactly this errno.
