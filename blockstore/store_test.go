@@ -238,3 +238,20 @@ func TestEnsureDirNoAllocs(t *testing.T) {
 	})
 	assert.Zero(t, allocs)
 }
+
+// TestPutENOSPC fills a real 1 MiB tmpfs: the kernel's ENOSPC reaches the
+// caller and no file is left. It needs CAP_SYS_ADMIN to mount.
+func TestPutENOSPC(t *testing.T) {
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+		t.Skipf("cannot mount tmpfs (needs CAP_SYS_ADMIN): %v", err)
+	}
+	t.Cleanup(func() { require.NoError(t, unix.Unmount(dir, unix.MNT_DETACH)) })
+	s, err := Open(dir, Options{})
+	require.NoError(t, err)
+	key := testKey(1, 32)
+	err = s.Put("ns", key, testPayload(key, 2<<20))
+	require.ErrorIs(t, err, unix.ENOSPC)
+	assert.Empty(t, listFiles(t, dir))
+	require.NoError(t, s.Put("ns", key, testPayload(key, 100<<10)), "space was given back")
+}

@@ -1,0 +1,98 @@
+// Package blockstore keeps fixed-size blocks (for example LLM KV-cache
+// blocks) as one file each, and defines everything about a block on disk
+// that does not depend on how its IO is issued: keys and namespaces, the
+// directory layout, the file format, the publish protocol, synchronous
+// reference operations and maintenance. It uses plain syscalls; the tier
+// package drives the same format and layout through io_uring, issuing its
+// own OPENAT/READ/WRITE/RENAMEAT with the pure, allocation-free pieces
+// exported here (HeaderSize, ValidateKey, ValidateNamespace, EncodeHeader,
+// DecodeHeader, CheckBlock, Layout, NewTempToken, Store.EnsureDir).
+//
+// # Keys and namespaces
+//
+// A key is a block's hash: 8 to 64 opaque bytes. Its file name is its
+// lowercase hex, so no key can contain a separator, "..", or NUL, and each
+// key has exactly one path. A namespace (one per model and parallel
+// configuration, say) is 1 to 128 characters of [A-Za-z0-9._-], not "."
+// or "..": a single path component, a directory under the root.
+//
+// # Layout
+//
+//	<root>/<namespace>/<hex[0:2]>/<hex[2:4]>/<hex>.blk
+//
+// Layout builds paths relative to the namespace directory, for openat with
+// the namespace's dirfd. The default, FanoutLayout, spreads blocks over
+// 65,536 leaf directories. Counting where 10 million random keys (keys
+// are hashes) would land gives 152.6 entries per leaf on average, 105 at
+// least and 203 at most; at 100 million, about 1,500. Either keeps lookups in ext4's and XFS's hashed
+// directories and readdir during maintenance cheap, while the two upper
+// levels have exactly 256 entries. Directories are created on demand, once
+// per Store (Store.EnsureDir remembers them); if one is removed later, the
+// next create in it fails with ENOENT and Put recreates it and retries once.
+// Other layouts (raw files of an inference server) plug in through Layout.
+//
+// # Format
+//
+// A block file is a 4096-byte header followed by the payload; its size is
+// exactly HeaderSize + payload size, and the payload starts at offset 4096
+// so an O_DIRECT read of it into an aligned buffer stays aligned. Integers
+// are little-endian. Checksums are CRC32C (Castagnoli).
+//
+//	offset  size  field
+//	     0     4  magic "UTBK"
+//	     4     2  format version, 1
+//	     6     2  key size in bytes, 8..64
+//	     8     8  payload size in bytes, at most PayloadSizeMax
+//	    16     4  CRC32C of the payload
+//	    20     4  reserved, zero
+//	    24    64  key, zero-padded
+//	    88  4004  zero
+//	  4092     4  CRC32C of bytes 0..4091 (the header checksum)
+//
+// The header carries the key so that a misplaced or renamed file is caught,
+// and every byte of the file is covered by one of the two checksums. A
+// file that is short, truncated, extended, mis-keyed or fails a check is
+// ErrCorrupt, with a message naming the field.
+//
+// # Publish protocol
+//
+// Put writes header and payload to a temporary file in the block's final
+// directory, named <hex>.blk.tmp.<pid>.<token> (token: a per-process
+// random base plus a counter) and created with O_EXCL, so no two writers —
+// goroutines, processes, or hosts sharing an NFS export — share one. It
+// then syncs as the Durability asks, and renames the file onto <hex>.blk.
+// rename(2) is atomic, so readers see no block or a whole block, never a
+// partial one. Concurrent writers of one key are safe: blocks are
+// content-addressed, so whichever rename lands last leaves the same
+// content. If any step fails (ENOSPC, EIO, ...), Put removes its temporary
+// file and nothing becomes visible; a writer that dies leaves only its
+// temporary file, which Clean removes once it is old enough.
+//
+// # Durability
+//
+// DurabilityNone, the default, does not fsync. That is safe for a cache:
+// after a power loss an un-synced block may be missing, empty, or hold
+// garbage, and the checksums turn that into a miss (ErrCorrupt), never into
+// wrong data; the block is simply computed again. DurabilityData fsyncs the
+// file before the rename, so a block found after a crash is whole.
+// DurabilityFull also fsyncs the directory after the rename (and a new
+// fan-out directory's parent), so a block survives once Put returns.
+//
+// # Maintenance
+//
+// Scan streams every block's metadata; Verify reads and checks every block
+// and reports, quarantines or removes corrupt ones; Clean removes old
+// temporary files; Usage totals blocks and bytes per namespace; Evict
+// removes least recently used blocks from above a high watermark to below
+// a low one. All walk the tree a directory batch at a time, in constant
+// memory, and may run while other goroutines and processes use the store.
+//
+// # Threading and memory
+//
+// A Store is safe for concurrent use; it holds no file descriptors, only
+// its configuration and the set of directories known to exist (guarded by
+// a RWMutex). The format functions and Layout methods are pure: they keep
+// no reference to the caller's slices, except that Header.Key aliases the
+// buffer passed to DecodeHeader. Get reads into the caller's buffer and
+// does not keep it.
+package blockstore
