@@ -168,7 +168,9 @@ func (s *Store) Verify(ns string, action VerifyAction, report func(Problem)) (Ve
 	var buf []byte
 	grow := func(n int) []byte { buf = make([]byte, n); return buf }
 	err := s.Scan(ns, func(b BlockInfo) error {
-		_, ino, err := readBlock(b.Path, b.Key, buf, grow)
+		// O_NOATIME: checking a block is not using it, and must not
+		// make it look recently used to Evict.
+		_, ino, err := readBlock(b.Path, unix.O_NOATIME, b.Key, buf, grow)
 		if err == unix.ENOENT {
 			return nil // deleted since the scan saw it
 		}

@@ -209,3 +209,23 @@ func TestEvictSparesBlockBeingWritten(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, testPayload(key, 1000), buf)
 }
+
+// TestVerifyKeepsAccessTime checks that Verify does not make blocks look
+// recently used to Evict.
+func TestVerifyKeepsAccessTime(t *testing.T) {
+	s := openTestStore(t, Options{})
+	keys := fill(t, s, "ns", 0, 3, 100)
+	old := time.Now().Add(-48 * time.Hour).Truncate(time.Second)
+	for _, k := range keys {
+		b, err := s.Stat("ns", k)
+		require.NoError(t, err)
+		require.NoError(t, os.Chtimes(b.Path, old, old))
+	}
+	_, err := s.Verify("ns", VerifyReport, nil)
+	require.NoError(t, err)
+	for _, k := range keys {
+		b, err := s.Stat("ns", k)
+		require.NoError(t, err)
+		assert.True(t, b.AccessTime.Equal(old), "atime %v, want %v", b.AccessTime, old)
+	}
+}

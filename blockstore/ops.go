@@ -124,19 +124,24 @@ func (s *Store) Get(ns string, key, buf []byte) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	n, _, err := readBlock(p, key, buf, nil)
+	n, _, err := readBlock(p, 0, key, buf, nil)
 	if err != nil {
 		return 0, &fs.PathError{Op: "get", Path: p, Err: err}
 	}
 	return n, nil
 }
 
-// readBlock reads and verifies the block file at path into buf. If grow is
+// readBlock reads and verifies the block file at path, opened with flags
+// added to O_RDONLY, into buf. If grow is
 // non-nil, buf is replaced by grow(size) when it is too small. It returns
 // the payload size, the file's inode (once known, also with an error) and
 // raw errnos or ErrCorrupt/ErrBufferSize errors.
-func readBlock(path string, key, buf []byte, grow func(int) []byte) (n int, ino uint64, err error) {
-	fd, err := openFile(path, unix.O_RDONLY, 0)
+func readBlock(path string, flags int, key, buf []byte, grow func(int) []byte) (n int, ino uint64, err error) {
+	fd, err := openFile(path, unix.O_RDONLY|flags, 0)
+	if err == unix.EPERM && flags&unix.O_NOATIME != 0 {
+		// O_NOATIME needs ownership or CAP_FOWNER; without it, read anyway.
+		fd, err = openFile(path, unix.O_RDONLY|flags&^unix.O_NOATIME, 0)
+	}
 	if err != nil {
 		return 0, 0, err
 	}
