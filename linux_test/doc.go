@@ -1,0 +1,9 @@
+// Package linux_test holds tests that need the real Linux kernel and often root: what the storage
+// tier does without io_uring, and (as they are written) on slow, hung, failing or full filesystems,
+// after crashes, and with several processes at once. Each test skips with its reason when the machine
+// lacks a capability (not root, no /dev/fuse); on CI, which has them all, none may skip.
+//
+// Helpers live in subpackages: faultfs mounts a fault-injecting FUSE filesystem, noring re-runs the
+// test binary in a child process without io_uring. Because of noring, this package's TestMain calls
+// noring.InstallFilterFromEnv before anything else.
+package linux_test

@@ -1,0 +1,90 @@
+package linux_test
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/uringtier/uringtier/linux_test/noring"
+	"github.com/uringtier/uringtier/uring"
+)
+
+func TestMain(m *testing.M) {
+	// In a child started by noring.Run, io_uring must be off before any test runs.
+	if err := noring.InstallFilterFromEnv(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	os.Exit(m.Run())
+}
+
+// ioURingDisabledSysctl is the kernel's io_uring switch (Linux 6.6+).
+const ioURingDisabledSysctl = "/proc/sys/kernel/io_uring_disabled"
+
+// noIOURingChecked is printed by a child of TestNoIOURing after its last assertion passed.
+const noIOURingChecked = "linux_test: no io_uring checked in mode "
+
+// TestNoIOURing re-runs itself without io_uring in each noring mode. The child checks that uring
+// reports io_uring unavailable with the errno and the advice for that cause, and that plain file IO
+// still works; the parent checks that the child got that far and that the sysctl was restored.
+func TestNoIOURing(t *testing.T) {
+	for _, tc := range []struct {
+		mode    noring.Mode
+		reason  string // the message names the cause
+		unusual string // and not this other cause
+	}{
+		{mode: noring.ModeENOSYS, reason: "the kernel is older", unusual: "io_uring_disabled"},
+		{mode: noring.ModeEPERM, reason: "seccomp", unusual: "io_uring_disabled"},
+		{mode: noring.ModeSysctl, reason: "kernel.io_uring_disabled=2", unusual: "seccomp"},
+	} {
+		t.Run(tc.mode.String(), func(t *testing.T) {
+			if mode, ok := noring.InChild(); ok {
+				require.Equal(t, tc.mode, mode, "child started in another mode")
+				checkUnavailable(t, "Available", uring.Available(), mode.Errno(), tc.reason, tc.unusual)
+				r, err := uring.New(8, uring.Options{})
+				require.Nil(t, r)
+				checkUnavailable(t, "New", err, mode.Errno(), tc.reason, tc.unusual)
+
+				path := filepath.Join(t.TempDir(), "block")
+				want := []byte("written without io_uring")
+				require.NoError(t, os.WriteFile(path, want, 0o600))
+				got, err := os.ReadFile(path)
+				require.NoError(t, err)
+				require.Equal(t, want, got)
+
+				fmt.Println(noIOURingChecked + mode.String())
+				return
+			}
+
+			before, beforeErr := os.ReadFile(ioURingDisabledSysctl)
+			out := noring.Run(t, tc.mode, t.Name())
+			require.Contains(t, out, noIOURingChecked+tc.mode.String(), "the child did not reach its last assertion")
+			if beforeErr == nil {
+				after, err := os.ReadFile(ioURingDisabledSysctl)
+				require.NoError(t, err)
+				require.Equal(t, string(before), string(after), "%s not restored", ioURingDisabledSysctl)
+			}
+		})
+	}
+}
+
+// checkUnavailable asserts that err, returned by uring's op, is an *uring.UnavailableError for errno
+// whose message names reason and not unusual.
+func checkUnavailable(t *testing.T, op string, err error, errno syscall.Errno, reason, unusual string) {
+	t.Helper()
+	require.Error(t, err, "uring.%s succeeded without io_uring", op)
+	var ue *uring.UnavailableError
+	require.True(t, errors.As(err, &ue), "uring.%s: %T is not *uring.UnavailableError: %v", op, err, err)
+	require.ErrorIs(t, err, uring.ErrUnavailable, "uring.%s", op)
+	require.ErrorIs(t, err, errno, "uring.%s", op)
+	require.Contains(t, err.Error(), reason, "uring.%s", op)
+	require.NotContains(t, err.Error(), unusual, "uring.%s", op)
+	require.True(t, strings.Contains(err.Error(), "sync engine"), "uring.%s: the message should say what to do: %v", op, err)
+	t.Logf("uring.%s: %v", op, err)
+}
