@@ -34,7 +34,7 @@ func auditArch() uint32 {
 // filterProgram returns a classic-BPF seccomp program that fails io_uring_setup, io_uring_enter and
 // io_uring_register with errno and allows everything else. System call numbers mean something only
 // for one architecture, so the program compares them only for arch; a call made through another ABI
-// (which Go never does) is allowed. The io_uring numbers are 425-427 on every architecture (the
+// is allowed, and so is an x32 call on amd64 (number | __X32_SYSCALL_BIT). Go makes neither. The io_uring numbers are 425-427 on every architecture (the
 // unified table since Linux 5.1, include/uapi/asm-generic/unistd.h); unix has them per GOARCH.
 func filterProgram(arch uint32, errno syscall.Errno) []unix.SockFilter {
 	deny := uint32(unix.SECCOMP_RET_ERRNO) | uint32(errno)&unix.SECCOMP_RET_DATA
@@ -90,16 +90,22 @@ func InstallFilter(errno syscall.Errno) error {
 		// (it has a filter of its own, unrelated to ours).
 		return fmt.Errorf("noring: seccomp(SECCOMP_SET_MODE_FILTER, TSYNC): thread %d could not be synchronized", r)
 	}
-	// entries 0 would be EINVAL and a nil params EFAULT: only the filter answers errno.
+	return checkSetup(errno, "seccomp filter installed")
+}
+
+// checkSetup makes an io_uring_setup call that the kernel itself would refuse (params NULL: EFAULT;
+// entries 0: EINVAL), so that errno can only come from whatever refuses io_uring before that.
+func checkSetup(errno syscall.Errno, what string) error {
 	if _, _, got := unix.Syscall(unix.SYS_IO_URING_SETUP, 0, 0, 0); got != errno {
-		return fmt.Errorf("noring: seccomp filter installed but io_uring_setup answers %v, not %v", got, errno)
+		return fmt.Errorf("noring: %s, but io_uring_setup answers %s (%v), not %s", what, unix.ErrnoName(got), got, unix.ErrnoName(errno))
 	}
 	return nil
 }
 
 // InstallFilterFromEnv makes this process the io_uring-less child that Run asked for, and does
 // nothing in any other process. Call it first thing in TestMain. In ModeENOSYS and ModeEPERM it
-// calls InstallFilter; in ModeSysctl it checks that the sysctl reads 2. It then prints the line by
+// calls InstallFilter; in ModeSysctl it checks that the sysctl reads 2 and that io_uring_setup
+// fails with EPERM. It then prints the line by
 // which Run knows that the child is set up, and returns nil. An error means the child cannot do its
 // job: print it and exit non-zero, so that Run fails.
 func InstallFilterFromEnv() error {
@@ -123,6 +129,9 @@ func InstallFilterFromEnv() error {
 		}
 		if got := strings.TrimSpace(string(b)); got != "2" {
 			return fmt.Errorf("noring: %s is %q in the child, want 2", sysctlPath, got)
+		}
+		if err := checkSetup(mode.Errno(), sysctlPath+" is 2"); err != nil {
+			return err
 		}
 	}
 	fmt.Println(readyLine(mode))

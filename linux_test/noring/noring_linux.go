@@ -142,7 +142,11 @@ func Run(t testing.TB, mode Mode, testName string) (output string) {
 			defer cancel()
 		}
 	}
-	cmd := exec.CommandContext(ctx, exe, "-test.run="+runPattern(testName), "-test.v", "-test.count=1")
+	args := []string{"-test.run=" + runPattern(testName), "-test.v", "-test.count=1"}
+	if testing.Short() {
+		args = append(args, "-test.short")
+	}
+	cmd := exec.CommandContext(ctx, exe, args...)
 	// A race-enabled child would sleep a second before exiting (GORACE atexit_sleep_ms, default 1000).
 	gorace := strings.TrimSpace(os.Getenv("GORACE") + " atexit_sleep_ms=0")
 	cmd.Env = append(os.Environ(), EnvVar+"="+mode.String(), "GORACE="+gorace)

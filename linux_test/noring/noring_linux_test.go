@@ -55,7 +55,7 @@ func TestFilter(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			if m, ok := InChild(); ok {
 				require.Equal(t, mode, m)
-				// Arguments the kernel would refuse otherwise: entries 0 (EINVAL), fd -1 (EBADF).
+				// Arguments the kernel would refuse otherwise (params NULL: EFAULT; fd -1: EBADF).
 				for _, nr := range []uintptr{unix.SYS_IO_URING_SETUP, unix.SYS_IO_URING_ENTER, unix.SYS_IO_URING_REGISTER} {
 					_, _, errno := unix.Syscall6(nr, ^uintptr(0), 0, 0, 0, 0, 0)
 					if nr == unix.SYS_IO_URING_SETUP {
