@@ -39,15 +39,18 @@ func (w *Waker) Arm(sqe *SQE, userData uint64) {
 	sqe.UserData = userData
 }
 
+// wakeValue is what Wake adds to the eventfd counter; a package variable so
+// that the write allocates nothing.
+var wakeValue = [8]byte{1}
+
 // Wake ends the owner's current or next wait. Safe from any goroutine; a
 // Wake while one is pending costs no syscall.
 func (w *Waker) Wake() error {
 	if w.pending.Swap(true) {
 		return nil
 	}
-	one := [8]byte{1}
 	for {
-		_, err := unix.Write(w.fd, one[:])
+		_, err := unix.Write(w.fd, wakeValue[:])
 		if err != unix.EINTR {
 			if err != nil {
 				return fmt.Errorf("uring: wake: %w", err)

@@ -1,0 +1,575 @@
+package tier
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/uringtier/uringtier/blockstore"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const testBlockSize = 8192
+
+// forEachEngine runs the test against every engine: the conformance suite.
+func forEachEngine(t *testing.T, f func(t *testing.T, kind EngineKind)) {
+	for _, kind := range []EngineKind{EngineURing, EngineSync} {
+		t.Run(kind.String(), func(t *testing.T) { f(t, kind) })
+	}
+}
+
+func openTier(t testing.TB, kind EngineKind, dir string, mod func(*Options)) *Tier {
+	t.Helper()
+	opts := Options{BlockSize: testBlockSize, Engine: kind, Rings: 2, OpsMax: 64}
+	if mod != nil {
+		mod(&opts)
+	}
+	tr, err := Open(dir, opts)
+	require.NoError(t, err)
+	require.Equal(t, kind, tr.Engine().Kind)
+	t.Cleanup(func() { tr.Close(context.Background()) })
+	return tr
+}
+
+func testKey(i int) []byte {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], uint64(i))
+	h := sha256.Sum256(b[:])
+	return h[:]
+}
+
+func testKeys(idx ...int) [][]byte {
+	keys := make([][]byte, len(idx))
+	for j, i := range idx {
+		keys[j] = testKey(i)
+	}
+	return keys
+}
+
+func testPayload(i int) []byte {
+	p := make([]byte, testBlockSize)
+	rng := rand.New(rand.NewPCG(uint64(i), 7))
+	for k := range p {
+		p[k] = byte(rng.Uint32())
+	}
+	return p
+}
+
+// put writes blocks through the synchronous store, the oracle.
+func put(t testing.TB, tr *Tier, idx ...int) {
+	t.Helper()
+	for _, i := range idx {
+		require.NoError(t, tr.BlockStore().Put(tr.Namespace(), testKey(i), testPayload(i)))
+	}
+}
+
+// await polls until the requests in want have all reported, and returns
+// their Results by request ID. A second Result for a request fails.
+func await(t testing.TB, tr *Tier, want ...uint64) map[uint64]Result {
+	t.Helper()
+	got := map[uint64]Result{}
+	buf := make([]Result, 8)
+	deadline := time.After(20 * time.Second)
+	for len(got) < len(want) {
+		select {
+		case <-tr.Ready():
+		case <-time.After(50 * time.Millisecond):
+		case <-deadline:
+			require.FailNow(t, "timed out", "have %d of %d results", len(got), len(want))
+		}
+		for {
+			n := tr.Poll(buf)
+			if n == 0 {
+				break
+			}
+			for _, r := range buf[:n] {
+				_, dup := got[r.Req]
+				require.False(t, dup, "two results for request %d", r.Req)
+				r.Keys = append([]KeyResult(nil), r.Keys...)
+				got[r.Req] = r
+			}
+		}
+	}
+	return got
+}
+
+func statuses(r Result) []Status {
+	s := make([]Status, len(r.Keys))
+	for i, k := range r.Keys {
+		s[i] = k.Status
+	}
+	return s
+}
+
+func TestLookupHitMissPrefix(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		tr := openTier(t, kind, t.TempDir(), nil)
+		put(t, tr, 0, 1, 2, 4)
+		require.NoError(t, tr.Lookup(1, testKeys(0, 1, 2, 3, 4)))
+		require.NoError(t, tr.Lookup(2, testKeys(9)))
+		require.NoError(t, tr.Lookup(3, nil))
+		got := await(t, tr, 1, 2, 3)
+		r := got[1]
+		assert.Equal(t, OpLookup, r.Op)
+		assert.Equal(t, []Status{StatusFound, StatusFound, StatusFound, StatusMissing, StatusFound}, statuses(r))
+		assert.Equal(t, 3, r.Prefix)
+		assert.Equal(t, []Status{StatusMissing}, statuses(got[2]))
+		assert.Equal(t, 0, got[2].Prefix)
+		assert.Empty(t, got[3].Keys)
+	})
+}
+
+func TestLookupPrefixSkips(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		// One ring and one op: keys go one at a time, so everything after
+		// the miss is skipped, deterministically.
+		tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.Rings, o.OpsMax = 1, 1 })
+		put(t, tr, 0, 1, 3, 4)
+		require.NoError(t, tr.LookupPrefix(1, testKeys(0, 1, 2, 3, 4)))
+		r := await(t, tr, 1)[1]
+		assert.Equal(t, []Status{StatusFound, StatusFound, StatusMissing, StatusSkipped, StatusSkipped}, statuses(r))
+		assert.Equal(t, 2, r.Prefix)
+	})
+}
+
+func TestDuplicateAndSharedKeys(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.Rings = 1 })
+		put(t, tr, 1)
+		for req := uint64(1); req <= 4; req++ {
+			require.NoError(t, tr.Lookup(req, testKeys(1, 1, 2, 1, 2)))
+		}
+		got := await(t, tr, 1, 2, 3, 4)
+		for req := uint64(1); req <= 4; req++ {
+			assert.Equal(t, []Status{StatusFound, StatusFound, StatusMissing, StatusFound, StatusMissing}, statuses(got[req]))
+		}
+		st := tr.Stats()
+		assert.Equal(t, uint64(20), st.Keys[OpLookup])
+		assert.Positive(t, st.Shared, "no key shared an op")
+		ops := uint64(0)
+		for _, n := range st.Latency[OpLookup] {
+			ops += n
+		}
+		assert.Equal(t, uint64(20), ops+st.Shared, "every key is an op or shares one")
+	})
+}
+
+func TestLookupCache(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.LookupCacheTTL = time.Hour })
+		put(t, tr, 1)
+		require.NoError(t, tr.Lookup(1, testKeys(1, 2)))
+		await(t, tr, 1)
+		// Behind the tier's back: the cache still answers.
+		require.NoError(t, tr.BlockStore().Delete(tr.Namespace(), testKey(1)))
+		put(t, tr, 2)
+		require.NoError(t, tr.Lookup(2, testKeys(1, 2)))
+		assert.Equal(t, []Status{StatusFound, StatusMissing}, statuses(await(t, tr, 2)[2]))
+		assert.Equal(t, uint64(2), tr.Stats().CacheHits)
+
+		tr.InvalidateLookups()
+		require.NoError(t, tr.Lookup(3, testKeys(1, 2)))
+		assert.Equal(t, []Status{StatusMissing, StatusFound}, statuses(await(t, tr, 3)[3]))
+
+		// The tier's own store updates the cache at once; a second store is
+		// answered "present" from it.
+		buf := testPayload(5)
+		require.NoError(t, tr.Store(4, testKeys(5), [][]byte{buf}))
+		assert.Equal(t, []Status{StatusStored}, statuses(await(t, tr, 4)[4]))
+		hits := tr.Stats().CacheHits
+		require.NoError(t, tr.Lookup(5, testKeys(5)))
+		assert.Equal(t, []Status{StatusFound}, statuses(await(t, tr, 5)[5]))
+		require.NoError(t, tr.Store(6, testKeys(5), [][]byte{buf}))
+		assert.Equal(t, []Status{StatusPresent}, statuses(await(t, tr, 6)[6]))
+		assert.Equal(t, hits+2, tr.Stats().CacheHits)
+	})
+}
+
+func TestLoad(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.Buffers = 2 })
+		put(t, tr, 0, 1, 2)
+		bufs := [][]byte{make([]byte, testBlockSize), tr.Buffers()[0], make([]byte, testBlockSize), tr.Buffers()[1]}
+		require.NoError(t, tr.Load(1, testKeys(0, 1, 3, 2), bufs))
+		r := await(t, tr, 1)[1]
+		assert.Equal(t, []Status{StatusLoaded, StatusLoaded, StatusMissing, StatusLoaded}, statuses(r))
+		assert.Equal(t, 2, r.Prefix)
+		assert.Equal(t, testPayload(0), bufs[0])
+		assert.Equal(t, testPayload(1), bufs[1])
+		assert.Equal(t, testPayload(2), bufs[3])
+	})
+}
+
+func blockFile(tr *Tier, i int) string {
+	rel := tr.BlockStore().Layout().AppendPath(nil, testKey(i))
+	return filepath.Join(tr.nsDir, string(rel))
+}
+
+func TestLoadCorrupt(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		tr := openTier(t, kind, t.TempDir(), nil)
+		put(t, tr, 0, 1, 2, 3, 4)
+		// 0: a payload byte flipped; 1: truncated; 2: a header byte
+		// flipped; 3: shorter than its header; 4: another key's block.
+		flip := func(path string, off int64) {
+			f, err := os.OpenFile(path, os.O_RDWR, 0)
+			require.NoError(t, err)
+			b := []byte{0}
+			_, err = f.ReadAt(b, off)
+			require.NoError(t, err)
+			b[0] ^= 0x40
+			_, err = f.WriteAt(b, off)
+			require.NoError(t, err)
+			require.NoError(t, f.Close())
+		}
+		flip(blockFile(tr, 0), blockstore.HeaderSize+100)
+		require.NoError(t, os.Truncate(blockFile(tr, 1), blockstore.HeaderSize+10))
+		flip(blockFile(tr, 2), 20)
+		require.NoError(t, os.Truncate(blockFile(tr, 3), 100))
+		require.NoError(t, os.Rename(blockFile(tr, 4), blockFile(tr, 0)+".x"))
+		put(t, tr, 5)
+		require.NoError(t, os.Rename(blockFile(tr, 5), blockFile(tr, 4)))
+		require.NoError(t, os.Remove(blockFile(tr, 0)+".x"))
+
+		bufs := make([][]byte, 5)
+		for i := range bufs {
+			bufs[i] = make([]byte, testBlockSize)
+		}
+		require.NoError(t, tr.Load(1, testKeys(0, 1, 2, 3, 4), bufs))
+		r := await(t, tr, 1)[1]
+		for i, k := range r.Keys {
+			assert.Equal(t, StatusCorrupt, k.Status, "key %d", i)
+			assert.ErrorIs(t, k.Err, blockstore.ErrCorrupt, "key %d", i)
+		}
+		assert.Contains(t, r.Keys[0].Err.Error(), "checksum")
+		assert.Contains(t, r.Keys[1].Err.Error(), "truncated")
+		assert.Contains(t, r.Keys[3].Err.Error(), "shorter than")
+		// Quarantined: the next lookup misses, and the files are kept aside.
+		require.NoError(t, tr.Lookup(2, testKeys(0, 1, 2, 3, 4)))
+		assert.Equal(t, []Status{StatusMissing, StatusMissing, StatusMissing, StatusMissing, StatusMissing}, statuses(await(t, tr, 2)[2]))
+		q, err := os.ReadDir(tr.qDir)
+		require.NoError(t, err)
+		assert.Len(t, q, 5)
+	})
+}
+
+func TestStore(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		for _, d := range []blockstore.Durability{blockstore.DurabilityNone, blockstore.DurabilityData, blockstore.DurabilityFull} {
+			t.Run(d.String(), func(t *testing.T) {
+				tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.Durability = d; o.Buffers = 1 })
+				b0, b1 := testPayload(0), tr.Buffers()[0]
+				copy(b1, testPayload(1))
+				require.NoError(t, tr.Store(1, testKeys(0, 1), [][]byte{b0, b1}))
+				assert.Equal(t, []Status{StatusStored, StatusStored}, statuses(await(t, tr, 1)[1]))
+				for i := range 2 {
+					buf := make([]byte, testBlockSize)
+					n, err := tr.BlockStore().Get(tr.Namespace(), testKey(i), buf)
+					require.NoError(t, err)
+					assert.Equal(t, testBlockSize, n)
+					assert.Equal(t, testPayload(i), buf)
+				}
+				// Storing again overwrites with the same content (no cache here).
+				require.NoError(t, tr.Store(2, testKeys(0), [][]byte{b0}))
+				assert.Equal(t, []Status{StatusStored}, statuses(await(t, tr, 2)[2]))
+				assertNoTempFiles(t, tr)
+			})
+		}
+	})
+}
+
+func assertNoTempFiles(t *testing.T, tr *Tier) {
+	t.Helper()
+	layout := tr.BlockStore().Layout()
+	filepath.WalkDir(tr.nsDir, func(path string, d fs.DirEntry, err error) error {
+		require.NoError(t, err)
+		rel, _ := filepath.Rel(tr.nsDir, path)
+		assert.False(t, layout.IsTempPath(rel), "temporary file left: %s", rel)
+		return nil
+	})
+}
+
+func TestStoreDirectoryVanished(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		tr := openTier(t, kind, t.TempDir(), nil)
+		buf := testPayload(0)
+		require.NoError(t, tr.Store(1, testKeys(0), [][]byte{buf}))
+		assert.Equal(t, []Status{StatusStored}, statuses(await(t, tr, 1)[1]))
+		// Remove the fan-out directories under the tier, then store again.
+		entries, err := os.ReadDir(tr.nsDir)
+		require.NoError(t, err)
+		for _, e := range entries {
+			require.NoError(t, os.RemoveAll(filepath.Join(tr.nsDir, e.Name())))
+		}
+		require.NoError(t, tr.Store(2, testKeys(0), [][]byte{buf}))
+		assert.Equal(t, []Status{StatusStored}, statuses(await(t, tr, 2)[2]))
+		ok, err := tr.BlockStore().Has(tr.Namespace(), testKey(0))
+		require.NoError(t, err)
+		assert.True(t, ok)
+	})
+}
+
+func TestBadInput(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.BatchMax = 4 })
+		buf := make([]byte, testBlockSize)
+		cases := []struct {
+			name string
+			err  error
+		}{
+			{"short key", tr.Lookup(1, [][]byte{[]byte("short")})},
+			{"long key", tr.Lookup(1, [][]byte{make([]byte, 65)})},
+			{"nil key", tr.Lookup(1, [][]byte{nil})},
+			{"too many keys", tr.Lookup(1, testKeys(1, 2, 3, 4, 5))},
+			{"small buffer", tr.Load(1, testKeys(1), [][]byte{buf[:100]})},
+			{"large buffer", tr.Store(1, testKeys(1), [][]byte{append(buf, 0)})},
+			{"buffer count", tr.Load(1, testKeys(1, 2), [][]byte{buf})},
+		}
+		for _, c := range cases {
+			assert.ErrorIs(t, c.err, ErrInvalid, c.name)
+		}
+		assert.ErrorIs(t, cases[0].err, blockstore.ErrInvalidKey)
+		// Nothing was queued by the refused calls: request 1 is free.
+		require.NoError(t, tr.Lookup(1, testKeys(1)))
+		assert.ErrorIs(t, tr.Lookup(1, testKeys(2)), ErrInvalid, "request ID in flight")
+		await(t, tr, 1)
+		require.NoError(t, tr.Lookup(1, testKeys(2)), "the ID is free again after Poll")
+		await(t, tr, 1)
+	})
+}
+
+func TestOpenRejectsBadOptions(t *testing.T) {
+	dir := t.TempDir()
+	for _, o := range []Options{
+		{},
+		{BlockSize: -1},
+		{BlockSize: 4096, Namespace: "../x"},
+		{BlockSize: 4096, Depth: -1},
+		{BlockSize: 4096, LookupTimeout: -time.Second},
+		{BlockSize: 4096, OpsMax: 1 << 20},
+	} {
+		_, err := Open(dir, o)
+		assert.ErrorIs(t, err, ErrInvalidOptions, "%+v", o)
+	}
+	t.Setenv(EngineEnv, "bogus")
+	_, err := Open(dir, Options{BlockSize: 4096})
+	assert.ErrorIs(t, err, ErrInvalidOptions)
+}
+
+func TestEngineEnvOverridesAuto(t *testing.T) {
+	for _, kind := range []EngineKind{EngineSync, EngineURing} {
+		t.Setenv(EngineEnv, kind.String())
+		tr, err := Open(t.TempDir(), Options{BlockSize: 4096})
+		require.NoError(t, err)
+		assert.Equal(t, kind, tr.Engine().Kind)
+		assert.Empty(t, tr.Engine().Fallback)
+		require.NoError(t, tr.Close(context.Background()))
+	}
+}
+
+func TestBusyAtDepth(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.Depth = 2 })
+		require.NoError(t, tr.Lookup(1, testKeys(1)))
+		require.NoError(t, tr.Lookup(2, testKeys(2)))
+		assert.ErrorIs(t, tr.Lookup(3, testKeys(3)), ErrBusy)
+		assert.Equal(t, uint64(1), tr.Stats().Busy)
+		await(t, tr, 1, 2)
+		require.NoError(t, tr.Lookup(3, testKeys(3)))
+		await(t, tr, 3)
+	})
+}
+
+func TestCancel(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.Rings, o.OpsMax = 1, 1 })
+		put(t, tr, 0)
+		keys := make([][]byte, 200)
+		for i := range keys {
+			keys[i] = testKey(i % 3)
+		}
+		require.NoError(t, tr.Lookup(1, keys))
+		assert.True(t, tr.Cancel(1))
+		r := await(t, tr, 1)[1]
+		canceled := 0
+		for i, k := range r.Keys {
+			switch k.Status {
+			case StatusCanceled:
+				canceled++
+				assert.ErrorIs(t, k.Err, ErrCanceled)
+			case StatusFound:
+				assert.Equal(t, 0, i%3, "key %d", i)
+			case StatusMissing:
+				assert.NotEqual(t, 0, i%3, "key %d", i)
+			default:
+				t.Errorf("key %d: %v", i, k.Status)
+			}
+		}
+		// One op at a time: the cancel lands long before 200 lookups finish.
+		assert.Positive(t, canceled)
+		assert.False(t, tr.Cancel(1), "already finished")
+		assert.False(t, tr.Cancel(99), "never submitted")
+	})
+}
+
+func TestCloseWithWorkInFlight(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		dir := t.TempDir()
+		tr, err := Open(dir, Options{BlockSize: testBlockSize, Engine: kind, OpsMax: 4})
+		require.NoError(t, err)
+		put(t, tr, 0)
+		buf := testPayload(1)
+		var reqs []uint64
+		for req := uint64(1); req <= 20; req++ {
+			if req%2 == 0 {
+				require.NoError(t, tr.Store(req, testKeys(int(req)+100), [][]byte{buf}))
+			} else {
+				require.NoError(t, tr.Lookup(req, testKeys(0, 1, 2, 3)))
+			}
+			reqs = append(reqs, req)
+		}
+		require.NoError(t, tr.Close(context.Background()))
+		got := await(t, tr, reqs...)
+		for _, r := range got {
+			for _, k := range r.Keys {
+				assert.Contains(t, []Status{StatusFound, StatusMissing, StatusStored, StatusCanceled}, k.Status)
+			}
+		}
+		assert.Zero(t, tr.Poll(make([]Result, 4)), "more results than requests")
+		assert.ErrorIs(t, tr.Lookup(99, testKeys(0)), ErrClosed)
+		assert.ErrorIs(t, tr.Load(99, testKeys(0), [][]byte{buf}), ErrClosed)
+		assert.ErrorIs(t, tr.Store(99, testKeys(0), [][]byte{buf}), ErrClosed)
+		assert.NoError(t, tr.Close(context.Background()), "second Close")
+		assertNoTempFiles(t, tr)
+	})
+}
+
+// TestModel drives each engine with random lookups, loads, stores and
+// deletes, checking every outcome against the synchronous store.
+func TestModel(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		seed := uint64(time.Now().UnixNano())
+		t.Logf("seed %d", seed)
+		rng := rand.New(rand.NewPCG(seed, seed))
+		tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.LookupCacheTTL = time.Duration(rng.IntN(2)) * time.Hour })
+		oracle := tr.BlockStore()
+		ns := tr.Namespace()
+		const keySpace = 24
+		for step := range 300 {
+			n := 1 + rng.IntN(6)
+			idx := make([]int, n)
+			for j := range idx {
+				idx[j] = rng.IntN(keySpace)
+			}
+			keys := testKeys(idx...)
+			req := uint64(step)
+			switch rng.IntN(4) {
+			case 0:
+				require.NoError(t, tr.Lookup(req, keys))
+				r := await(t, tr, req)[req]
+				for j, i := range idx {
+					has, err := oracle.Has(ns, testKey(i))
+					require.NoError(t, err)
+					want := map[bool]Status{true: StatusFound, false: StatusMissing}[has]
+					require.Equal(t, want, r.Keys[j].Status, "seed %d step %d key %d", seed, step, i)
+				}
+			case 1:
+				bufs := make([][]byte, n)
+				for j := range bufs {
+					bufs[j] = make([]byte, testBlockSize)
+				}
+				require.NoError(t, tr.Load(req, keys, bufs))
+				r := await(t, tr, req)[req]
+				for j, i := range idx {
+					want := make([]byte, testBlockSize)
+					_, err := oracle.Get(ns, testKey(i), want)
+					if errors.Is(err, fs.ErrNotExist) {
+						require.Equal(t, StatusMissing, r.Keys[j].Status, "seed %d step %d", seed, step)
+						continue
+					}
+					require.NoError(t, err)
+					require.Equal(t, StatusLoaded, r.Keys[j].Status, "seed %d step %d", seed, step)
+					require.True(t, bytes.Equal(want, bufs[j]), "seed %d step %d: payload", seed, step)
+				}
+			case 2:
+				bufs := make([][]byte, n)
+				for j, i := range idx {
+					bufs[j] = testPayload(i)
+				}
+				require.NoError(t, tr.Store(req, keys, bufs))
+				r := await(t, tr, req)[req]
+				for j := range idx {
+					require.True(t, r.Keys[j].Status.OK(), "seed %d step %d: %v %v", seed, step, r.Keys[j].Status, r.Keys[j].Err)
+				}
+			case 3:
+				for _, i := range idx {
+					err := oracle.Delete(ns, testKey(i))
+					if err != nil && !errors.Is(err, fs.ErrNotExist) {
+						require.NoError(t, err)
+					}
+				}
+				tr.InvalidateLookups()
+			}
+		}
+	})
+}
+
+func TestSubmitPollDoesNotAllocate(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		tr := openTier(t, kind, t.TempDir(), nil)
+		put(t, tr, 0, 2, 4, 6)
+		keys := testKeys(0, 1, 2, 3, 4, 5, 6, 7)
+		results := make([]Result, 4)
+		round := func() {
+			if err := tr.Lookup(1, keys); err != nil {
+				panic(err)
+			}
+			for tr.Poll(results) == 0 {
+				<-tr.Ready()
+			}
+		}
+		for range 50 {
+			round() // warm up: request slots, maps and result slices grow once
+		}
+		allocs := testing.AllocsPerRun(200, round)
+		assert.Zero(t, allocs, "allocations per request of %d keys", len(keys))
+	})
+}
+
+func ExampleTier() {
+	dir, _ := os.MkdirTemp("", "tier-example")
+	defer os.RemoveAll(dir)
+	tr, err := Open(dir, Options{BlockSize: 4096})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer tr.Close(context.Background())
+	key := bytes.Repeat([]byte{7}, 32)
+	block := bytes.Repeat([]byte("kv"), 2048)
+	_ = tr.Store(1, [][]byte{key}, [][]byte{block})
+	results := make([]Result, 1)
+	for tr.Poll(results) == 0 {
+		<-tr.Ready()
+	}
+	_ = tr.Lookup(2, [][]byte{key, bytes.Repeat([]byte{8}, 32)})
+	for tr.Poll(results) == 0 {
+		<-tr.Ready()
+	}
+	fmt.Println(results[0].Keys[0].Status, results[0].Keys[1].Status, "prefix", results[0].Prefix)
+	// Output: found missing prefix 1
+}

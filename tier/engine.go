@@ -1,0 +1,117 @@
+package tier
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+	"unsafe"
+
+	"github.com/uringtier/uringtier/blockstore"
+	"github.com/uringtier/uringtier/uring"
+	"golang.org/x/sys/unix"
+)
+
+// What both engines share: judging what the kernel returned, and the
+// memory and directories around it.
+
+// loadOutcome judges a load from what its reads returned: hdrN header
+// bytes into hdr, payN payload bytes into payload. quarantine says whether
+// a corrupt file should be moved aside (a valid block of another size is
+// someone else's, not damaged).
+func loadOutcome(key, hdr, payload []byte, hdrN, payN int) (st Status, quarantine bool, err error) {
+	if hdrN < blockstore.HeaderSize {
+		return StatusCorrupt, true, fmt.Errorf("%w: file holds %d bytes, shorter than the %d-byte header", blockstore.ErrCorrupt, hdrN, blockstore.HeaderSize)
+	}
+	h, err := blockstore.DecodeHeader(hdr)
+	if err != nil {
+		return StatusCorrupt, true, err
+	}
+	if h.PayloadSize != int64(len(payload)) {
+		return StatusCorrupt, false, fmt.Errorf("%w: payload is %d bytes, the tier's block size is %d", blockstore.ErrCorrupt, h.PayloadSize, len(payload))
+	}
+	if payN < len(payload) {
+		return StatusCorrupt, true, fmt.Errorf("%w: truncated: %d of %d payload bytes", blockstore.ErrCorrupt, payN, len(payload))
+	}
+	if err := blockstore.CheckBlock(key, hdr, payload); err != nil {
+		return StatusCorrupt, true, err
+	}
+	return StatusLoaded, false, nil
+}
+
+// pathError wraps errno for path rel under the namespace directory, once,
+// as package os does, so errors.Is(err, fs.ErrNotExist) works.
+func (t *Tier) pathError(op string, rel []byte, errno syscall.Errno) error {
+	rel = trimNUL(rel)
+	return &fs.PathError{Op: op, Path: filepath.Join(t.nsDir, string(rel)), Err: errno}
+}
+
+func trimNUL(b []byte) []byte {
+	if n := len(b); n > 0 && b[n-1] == 0 {
+		return b[:n-1]
+	}
+	return b
+}
+
+func isCanceled(err error) bool {
+	return errors.Is(err, syscall.ECANCELED) || errors.Is(err, syscall.EINTR)
+}
+
+// quarantinePath returns where a corrupt block found by a load goes:
+// <root>/~quarantine/<namespace>.<hex>.<token>, NUL-terminated.
+func (t *Tier) quarantinePath(dst, key []byte) []byte {
+	dst = append(dst, t.qDir...)
+	dst = append(dst, '/')
+	dst = append(dst, t.opts.Namespace...)
+	dst = append(dst, '.')
+	dst = fmt.Appendf(dst, "%x.%d", key, blockstore.NewTempToken())
+	return append(dst, 0)
+}
+
+// probeDirect says whether loads can use O_DIRECT in dir, and if not why.
+func probeDirect(dir string, opts Options) (bool, string) {
+	switch {
+	case opts.NoDirect:
+		return false, "disabled by Options.NoDirect"
+	case opts.BlockSize%blockstore.HeaderSize != 0:
+		return false, fmt.Sprintf("block size %d is not a multiple of %d", opts.BlockSize, blockstore.HeaderSize)
+	}
+	path := filepath.Join(dir, fmt.Sprintf(".direct-probe.%d.%d", os.Getpid(), blockstore.NewTempToken()))
+	fd, err := unix.Open(path, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_DIRECT|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return false, fmt.Sprintf("the filesystem refuses O_DIRECT: %v", err)
+	}
+	defer unix.Unlink(path)
+	defer unix.Close(fd)
+	buf, err := uring.AllocBuffer(blockstore.HeaderSize)
+	if err != nil {
+		return false, err.Error()
+	}
+	defer uring.FreeBuffer(buf)
+	if _, err := unix.Pwrite(fd, buf, 0); err != nil {
+		return false, fmt.Sprintf("the filesystem refuses O_DIRECT writes: %v", err)
+	}
+	if _, err := unix.Pread(fd, buf, 0); err != nil {
+		return false, fmt.Sprintf("the filesystem refuses O_DIRECT reads: %v", err)
+	}
+	return true, ""
+}
+
+// aligned reports whether b can be an O_DIRECT target.
+func aligned(b []byte) bool {
+	return uintptr(unsafe.Pointer(unsafe.SliceData(b)))%blockstore.HeaderSize == 0 && len(b)%blockstore.HeaderSize == 0
+}
+
+// InvalidateLookups empties the lookup cache, for a caller that changed the
+// directory behind the tier's back.
+func (t *Tier) InvalidateLookups() { t.cacheEpoch.Add(1) }
+
+// Evict runs the block store's eviction on the tier's directory and
+// empties the lookup cache, so no evicted block is reported found.
+func (t *Tier) Evict(opts blockstore.EvictOptions) (blockstore.EvictStats, error) {
+	st, err := t.store.Evict(opts)
+	t.InvalidateLookups()
+	return st, err
+}

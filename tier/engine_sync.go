@@ -1,0 +1,210 @@
+package tier
+
+import (
+	"errors"
+	"io/fs"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/uringtier/uringtier/blockstore"
+	"golang.org/x/sys/unix"
+)
+
+// syncBackend runs key operations as plain system calls on a fixed pool of
+// goroutines. A worker stuck in a hung filesystem stays stuck; the pool's
+// size bounds how many can be, and the shard's deadlines and breaker treat
+// them as the io_uring engine's stuck operations.
+type syncBackend struct {
+	t     *Tier
+	ops   []op       // the shard's ops; a worker owns ops[i] between work and done
+	work  chan int32 // ops to run; capacity OpsMax, so start never blocks
+	done  chan int32 // finished ops; capacity OpsMax, so a worker never blocks
+	wakeC chan struct{}
+	timer *time.Timer // owner-only
+	nsFD  int         // the namespace directory, for *at calls
+	wg    sync.WaitGroup
+}
+
+func newSyncBackend(t *Tier) *syncBackend {
+	return &syncBackend{
+		t:     t,
+		work:  make(chan int32, t.opts.OpsMax),
+		done:  make(chan int32, t.opts.OpsMax),
+		wakeC: make(chan struct{}, 1),
+		timer: time.NewTimer(time.Hour),
+		nsFD:  -1,
+	}
+}
+
+// run is the sync engine's owner goroutine.
+func (s *shard) run() {
+	b := s.be.(*syncBackend)
+	b.ops = s.ops
+	fd, err := unix.Open(s.t.nsDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err == nil {
+		b.nsFD = fd
+	}
+	for range s.t.opts.SyncWorkers {
+		b.wg.Add(1)
+		go b.worker()
+	}
+	s.loop()
+}
+
+func (b *syncBackend) start(i int32, o *op) { b.work <- i }
+
+func (b *syncBackend) cancel(i int32, o *op) {} // a blocked system call cannot be canceled
+
+func (b *syncBackend) wake() {
+	select {
+	case b.wakeC <- struct{}{}:
+	default:
+	}
+}
+
+func (b *syncBackend) wait(d time.Duration, done []int32) []int32 {
+	select {
+	case i := <-b.done:
+		done = append(done, i)
+	default:
+		b.timer.Reset(d)
+		select {
+		case i := <-b.done:
+			done = append(done, i)
+		case <-b.wakeC:
+		case <-b.timer.C:
+		}
+		b.timer.Stop()
+	}
+	for {
+		select {
+		case i := <-b.done:
+			done = append(done, i)
+		default:
+			return done
+		}
+	}
+}
+
+func (b *syncBackend) close(leak bool) {
+	close(b.work)
+	if leak {
+		// Workers stuck in the filesystem still use the directory fd:
+		// the last one out closes it.
+		go func() { b.wg.Wait(); unix.Close(b.nsFD) }()
+		return
+	}
+	b.wg.Wait()
+	unix.Close(b.nsFD)
+}
+
+func (b *syncBackend) worker() {
+	defer b.wg.Done()
+	path := make([]byte, 0, 256)
+	hdr := make([]byte, blockstore.HeaderSize)
+	for i := range b.work {
+		o := &b.ops[i]
+		path = append(b.t.store.Layout().AppendPath(path[:0], o.keyBytes()), 0)
+		switch o.kind {
+		case OpLookup:
+			o.status, o.err = b.lookup(path)
+		case OpLoad:
+			o.status, o.err = b.load(path, hdr, o)
+		case OpStore:
+			o.status, o.err = b.store(o)
+		}
+		b.done <- i
+	}
+}
+
+func (b *syncBackend) lookup(path []byte) (Status, error) {
+	if b.nsFD < 0 {
+		return StatusFailed, b.t.pathError("open", nil, syscall.ENOENT)
+	}
+	var st unix.Stat_t
+	errno := retryEINTR(func() syscall.Errno {
+		_, _, e := unix.Syscall6(unix.SYS_NEWFSTATAT, uintptr(b.nsFD), uintptr(unsafe.Pointer(&path[0])), uintptr(unsafe.Pointer(&st)), 0, 0, 0)
+		return e
+	})
+	switch errno {
+	case 0:
+		return StatusFound, nil
+	case unix.ENOENT:
+		return StatusMissing, nil
+	}
+	return StatusFailed, b.t.pathError("statx", path, errno)
+}
+
+func (b *syncBackend) load(path, hdr []byte, o *op) (Status, error) {
+	var fd uintptr
+	errno := retryEINTR(func() syscall.Errno {
+		var e syscall.Errno
+		fd, _, e = unix.Syscall6(unix.SYS_OPENAT, uintptr(b.nsFD), uintptr(unsafe.Pointer(&path[0])), unix.O_RDONLY|unix.O_CLOEXEC, 0, 0, 0)
+		return e
+	})
+	switch errno {
+	case 0:
+	case unix.ENOENT:
+		return StatusMissing, nil
+	default:
+		return StatusFailed, b.t.pathError("openat", path, errno)
+	}
+	defer unix.Close(int(fd))
+	hdrN, err := preadFull(int(fd), hdr, 0)
+	if err != nil {
+		return StatusFailed, b.t.pathError("read", path, err.(syscall.Errno))
+	}
+	payN := 0
+	if hdrN == len(hdr) {
+		if payN, err = preadFull(int(fd), o.buf, int64(len(hdr))); err != nil {
+			return StatusFailed, b.t.pathError("read", path, err.(syscall.Errno))
+		}
+	}
+	st, quarantine, err := loadOutcome(o.keyBytes(), hdr, o.buf, hdrN, payN)
+	if quarantine {
+		q := b.t.quarantinePath(nil, o.keyBytes())
+		_ = unix.Renameat(b.nsFD, string(trimNUL(path)), unix.AT_FDCWD, string(trimNUL(q)))
+	}
+	return st, err
+}
+
+func (b *syncBackend) store(o *op) (Status, error) {
+	err := b.t.store.Put(b.t.opts.Namespace, o.keyBytes(), o.buf)
+	if err == nil {
+		return StatusStored, nil
+	}
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return StatusFailed, err
+	}
+	return StatusFailed, &fs.PathError{Op: "store", Path: b.t.nsDir, Err: err}
+}
+
+// preadFull reads until buf is full or the file ends.
+func preadFull(fd int, buf []byte, off int64) (int, error) {
+	n := 0
+	for n < len(buf) {
+		k, err := unix.Pread(fd, buf[n:], off+int64(n))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return n, err
+		}
+		if k == 0 {
+			break
+		}
+		n += k
+	}
+	return n, nil
+}
+
+func retryEINTR(f func() syscall.Errno) syscall.Errno {
+	for {
+		if e := f(); e != unix.EINTR {
+			return e
+		}
+	}
+}

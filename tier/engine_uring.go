@@ -1,0 +1,580 @@
+package tier
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/uringtier/uringtier/blockstore"
+	"github.com/uringtier/uringtier/uring"
+	"golang.org/x/sys/unix"
+)
+
+// The io_uring engine. Each shard's owner goroutine is locked to its OS
+// thread, creates its ring there (SINGLE_ISSUER, DEFER_TASKRUN) and is the
+// only one to touch it. A key operation is a short program of linked SQEs
+// run in phases; its user_data is op index << 8 | step.
+//
+//   lookup (O_PATH): OPENAT(O_PATH) into slot i ─link─ CLOSE slot i
+//   lookup (STATX):  STATX
+//   load:   OPENAT into slot i ─link─ READ_FIXED header ─hardlink─ READ payload ─hardlink─ CLOSE
+//           then, for a corrupt block: RENAMEAT into the quarantine
+//   store:  [MKDIRAT ─hardlink─ ...] OPENAT(O_CREAT|O_EXCL) tmp into slot i ─link─ WRITE_FIXED header
+//           ─link─ WRITE payload [─link─ FSYNC] ─link─ RENAMEAT tmp → final ─hardlink─ CLOSE
+//           then on failure: [CLOSE slot i] UNLINKAT tmp; for DurabilityFull: OPENAT dir ─link─ FSYNC ─hardlink─ CLOSE
+//
+// Hard links make the CLOSE run whatever the read or rename returned (a
+// short read breaks an ordinary link); only a failed OPENAT cancels it, and
+// then the slot is empty. A store's RENAMEAT runs only if every write
+// succeeded, so a partial block is never published.
+
+const (
+	wakeUD   = ^uint64(0)
+	cancelUD = 1 << 62 // user_data of ASYNC_CANCEL SQEs; their CQEs are ignored
+	stepsMax = 10
+)
+
+type phase uint8
+
+const (
+	phaseMain phase = iota
+	phaseQuarantine
+	phaseCleanup
+	phaseDirSync
+)
+
+type stepKind uint8
+
+const (
+	stepMkdir stepKind = iota
+	stepOpen
+	stepRead
+	stepWrite
+	stepFsync
+	stepRename
+	stepUnlink
+	stepClose
+	stepStatx
+)
+
+var stepOps = [...]string{"mkdirat", "openat", "read", "write", "fsync", "renameat", "unlinkat", "close", "statx"}
+
+// opMem is the memory of op i that the kernel reads or writes.
+type opMem struct {
+	path [256]byte // final path, NUL-terminated, relative to the namespace directory
+	tmp  [256]byte // temporary path of a store
+	dirs [256]byte // MKDIRAT paths, each NUL-terminated; the directory to fsync
+	stx  unix.Statx_t
+}
+
+// opState tracks op i's current phase. Owner-only.
+type opState struct {
+	phase   phase
+	steps   uint8
+	pending uint8
+	kinds   [stepsMax]stepKind
+	res     [stepsMax]int32
+	retried bool   // a store already re-created its directories once
+	cause   error  // a store's failure, kept through the cleanup phase
+	qpath   []byte // quarantine path, NUL-terminated
+}
+
+type uringBackend struct {
+	t       *Tier
+	s       *shard
+	ring    *uring.Ring
+	waker   *uring.Waker
+	nsFD    int
+	direct  bool
+	om      []opMem // pinned; referenced by SQEs until their CQEs
+	pinner  runtime.Pinner
+	hdrs    []byte // OpsMax header buffers, mmap'd (aligned); registered buffer 0
+	st      []opState
+	cqes    []uring.CQE
+	next    []int32 // ops whose next phase is to be prepared
+	doneQ   []int32 // finished ops not yet handed to the shard
+	dirs    map[string]struct{}
+	dirKey  []byte
+	waitErr error
+}
+
+// leaked keeps backends whose ring was closed with operations still in the
+// kernel: their memory must outlive any late completion.
+var leaked struct {
+	sync.Mutex
+	backends []*uringBackend
+}
+
+// runURing is an io_uring shard's owner goroutine.
+func (s *shard) runURing(errs chan<- error) {
+	runtime.LockOSThread() // for the ring's life; the thread exits with the goroutine
+	b, err := newURingBackend(s.t, s)
+	if err != nil {
+		close(s.exited)
+		errs <- err
+		return
+	}
+	s.be = b
+	errs <- nil
+	s.loop()
+}
+
+func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
+	n := t.opts.OpsMax
+	entries := uint32(min(4096, max(64, n)))
+	b := &uringBackend{t: t, s: s, nsFD: -1, direct: t.engine.Direct,
+		om: make([]opMem, n), st: make([]opState, n), cqes: make([]uring.CQE, 256),
+		dirs: make(map[string]struct{})}
+	b.pinner.Pin(&b.om[0])
+	defer func() {
+		if err != nil {
+			b.close(false)
+		}
+	}()
+	if b.ring, err = uring.New(entries, uring.Options{CQEntries: 8 * entries}); err != nil {
+		return nil, fmt.Errorf("tier: %w", err)
+	}
+	if _, _, err = b.ring.SetIOWQMaxWorkers(uint32(t.opts.WorkersMax), uint32(t.opts.WorkersMax)); err != nil {
+		return nil, fmt.Errorf("tier: %w", err)
+	}
+	if err = b.ring.RegisterFilesSparse(uint32(n)); err != nil {
+		return nil, fmt.Errorf("tier: %w", err)
+	}
+	if b.hdrs, err = uring.AllocBuffer(n * blockstore.HeaderSize); err != nil {
+		return nil, fmt.Errorf("tier: %w", err)
+	}
+	if err = b.ring.RegisterBuffers(append([][]byte{b.hdrs}, t.buffers...)); err != nil {
+		return nil, fmt.Errorf("tier: %w", err)
+	}
+	if b.nsFD, err = unix.Open(t.nsDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+		return nil, fmt.Errorf("tier: open %s: %w", t.nsDir, err)
+	}
+	if b.waker, err = uring.NewWaker(); err != nil {
+		return nil, fmt.Errorf("tier: %w", err)
+	}
+	b.waker.Arm(b.sqe(), wakeUD)
+	return b, nil
+}
+
+// sqe returns a free SQE, submitting what is queued when the SQ is full.
+func (b *uringBackend) sqe() *uring.SQE {
+	for {
+		if s := b.ring.GetSQE(); s != nil {
+			return s
+		}
+		b.submit()
+	}
+}
+
+// submit hands the queued SQEs to the kernel. When the kernel is busy it
+// reaps completions (and keeps their outcomes for the next wait) first.
+func (b *uringBackend) submit() {
+	for {
+		_, err := b.ring.Submit()
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, uring.ErrRetry) {
+			panic("tier: io_uring submit: " + err.Error()) // a broken ring: nothing sane to do
+		}
+		b.reap()
+	}
+}
+
+// ud is the user_data of op i's step.
+func ud(i int32, step int) uint64 { return uint64(i)<<8 | uint64(step) }
+
+func (b *uringBackend) hdr(i int32) []byte {
+	off := int(i) * blockstore.HeaderSize
+	return b.hdrs[off : off+blockstore.HeaderSize : off+blockstore.HeaderSize]
+}
+
+// bufIndex returns buf's registered buffer index, or -1.
+func (b *uringBackend) bufIndex(buf []byte) int {
+	for k, tb := range b.t.buffers {
+		if len(tb) > 0 && len(buf) > 0 && &tb[0] == &buf[0] {
+			return k + 1
+		}
+	}
+	return -1
+}
+
+// add prepares step kind k of op i, in order.
+func (b *uringBackend) add(i int32, k stepKind, flags uint8) *uring.SQE {
+	st := &b.st[i]
+	s := b.sqe()
+	s.UserData = ud(i, int(st.steps))
+	s.Flags |= flags
+	st.kinds[st.steps] = k
+	st.res[st.steps] = 0
+	st.steps++
+	st.pending++
+	return s
+}
+
+func (b *uringBackend) start(i int32, o *op) {
+	b.st[i] = opState{qpath: b.st[i].qpath[:0]}
+	m := &b.om[i]
+	path := append(b.t.store.Layout().AppendPath(m.path[:0], o.keyBytes()), 0)
+	if len(path) > len(m.path) {
+		panic("tier: block path longer than 255 bytes")
+	}
+	b.prepare(i, o)
+}
+
+// prepare queues the SQEs of op i's current phase.
+func (b *uringBackend) prepare(i int32, o *op) {
+	st := &b.st[i]
+	st.steps, st.pending = 0, 0
+	m := &b.om[i]
+	slot := uint32(i)
+	switch {
+	case o.kind == OpLookup && b.t.opts.Lookup == LookupStatx:
+		b.add(i, stepStatx, 0).PrepareStatx(b.nsFD, &m.path[0], unix.AT_STATX_DONT_SYNC, unix.STATX_SIZE, &m.stx)
+	case o.kind == OpLookup:
+		b.add(i, stepOpen, uring.SQEIOLink).PrepareOpenatDirect(b.nsFD, &m.path[0], unix.O_PATH, 0, slot)
+		b.add(i, stepClose, 0).PrepareCloseDirect(slot)
+	case o.kind == OpLoad && st.phase == phaseMain:
+		flags := unix.O_RDONLY
+		if b.direct && aligned(o.buf) {
+			flags |= unix.O_DIRECT
+		}
+		b.add(i, stepOpen, uring.SQEIOLink).PrepareOpenatDirect(b.nsFD, &m.path[0], flags, 0, slot)
+		b.add(i, stepRead, uring.SQEIOHardlink|uring.SQEFixedFile).PrepareReadFixed(int(slot), b.hdr(i), 0, 0)
+		if k := b.bufIndex(o.buf); k > 0 {
+			b.add(i, stepRead, uring.SQEIOHardlink|uring.SQEFixedFile).PrepareReadFixed(int(slot), o.buf, blockstore.HeaderSize, uint16(k))
+		} else {
+			b.add(i, stepRead, uring.SQEIOHardlink|uring.SQEFixedFile).PrepareRead(int(slot), o.buf, blockstore.HeaderSize)
+		}
+		b.add(i, stepClose, 0).PrepareCloseDirect(slot)
+	case o.kind == OpLoad && st.phase == phaseQuarantine:
+		b.add(i, stepRename, 0).PrepareRenameat(b.nsFD, &m.path[0], unix.AT_FDCWD, &st.qpath[0], 0)
+	case o.kind == OpStore && st.phase == phaseMain:
+		b.prepareStore(i, o)
+	case o.kind == OpStore && st.phase == phaseCleanup:
+		if st.closeCanceled() {
+			b.add(i, stepClose, uring.SQEIOHardlink).PrepareCloseDirect(slot)
+		}
+		b.add(i, stepUnlink, 0).PrepareUnlinkat(b.nsFD, &m.tmp[0], 0)
+	case o.kind == OpStore && st.phase == phaseDirSync:
+		_ = append(b.t.store.Layout().AppendDir(m.dirs[:0], o.keyBytes()), 0)
+		b.add(i, stepOpen, uring.SQEIOLink).PrepareOpenatDirect(b.nsFD, &m.dirs[0], unix.O_RDONLY|unix.O_DIRECTORY, 0, slot)
+		b.add(i, stepFsync, uring.SQEIOHardlink|uring.SQEFixedFile).PrepareFsync(int(slot), false)
+		b.add(i, stepClose, 0).PrepareCloseDirect(slot)
+	default:
+		panic(fmt.Sprintf("tier: no phase %d for %v", st.phase, o.kind))
+	}
+}
+
+func (b *uringBackend) prepareStore(i int32, o *op) {
+	m, slot := &b.om[i], uint32(i)
+	key := o.keyBytes()
+	layout := b.t.store.Layout()
+	tmp := append(layout.AppendTempPath(m.tmp[:0], key, blockstore.NewTempToken()), 0)
+	b.dirKey = append(layout.AppendDir(b.dirKey[:0], key), 0)
+	dir := b.dirKey
+	if len(tmp) > len(m.tmp) || len(dir)*2 > len(m.dirs) {
+		panic("tier: block path longer than the op's path buffers")
+	}
+	if _, known := b.dirs[string(dir)]; !known {
+		// Each parent of the directory, then the directory: "aa\0aa/bb\0".
+		d := m.dirs[:0]
+		for k := range len(dir) - 1 {
+			if dir[k] == '/' {
+				start := len(d)
+				d = append(d, dir[:k]...)
+				d = append(d, 0)
+				b.add(i, stepMkdir, uring.SQEIOHardlink).PrepareMkdirat(b.nsFD, &d[start], 0o755)
+			}
+		}
+		start := len(d)
+		d = append(d, dir...)
+		b.add(i, stepMkdir, uring.SQEIOHardlink).PrepareMkdirat(b.nsFD, &d[start], 0o755)
+	}
+	hdr := b.hdr(i)
+	blockstore.EncodeHeader(hdr, key, o.buf)
+	b.add(i, stepOpen, uring.SQEIOLink).PrepareOpenatDirect(b.nsFD, &m.tmp[0], unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o644, slot)
+	b.add(i, stepWrite, uring.SQEIOLink|uring.SQEFixedFile).PrepareWriteFixed(int(slot), hdr, 0, 0)
+	if k := b.bufIndex(o.buf); k > 0 {
+		b.add(i, stepWrite, uring.SQEIOLink|uring.SQEFixedFile).PrepareWriteFixed(int(slot), o.buf, blockstore.HeaderSize, uint16(k))
+	} else {
+		b.add(i, stepWrite, uring.SQEIOLink|uring.SQEFixedFile).PrepareWrite(int(slot), o.buf, blockstore.HeaderSize)
+	}
+	if b.t.opts.Durability >= blockstore.DurabilityData {
+		b.add(i, stepFsync, uring.SQEIOLink|uring.SQEFixedFile).PrepareFsync(int(slot), false)
+	}
+	b.add(i, stepRename, uring.SQEIOHardlink).PrepareRenameat(b.nsFD, &m.tmp[0], b.nsFD, &m.path[0], 0)
+	b.add(i, stepClose, 0).PrepareCloseDirect(slot)
+}
+
+// closeCanceled reports whether the phase opened its slot and its CLOSE
+// did not run.
+func (st *opState) closeCanceled() bool {
+	opened := false
+	for k := range st.steps {
+		switch st.kinds[k] {
+		case stepOpen:
+			opened = st.res[k] >= 0
+		case stepClose:
+			return opened && st.res[k] < 0
+		}
+	}
+	return false
+}
+
+// firstFailure returns the first step of the phase that failed other than
+// by being canceled as part of a broken chain, ignoring MKDIRAT (EEXIST is
+// its usual answer).
+func (st *opState) firstFailure(want []int32) (int, error) {
+	for k := range st.steps {
+		r := st.res[k]
+		if st.kinds[k] == stepMkdir || st.kinds[k] == stepClose {
+			continue
+		}
+		if r < 0 {
+			return int(k), syscall.Errno(-r)
+		}
+		if w := want[k]; w >= 0 && r < w {
+			return int(k), io.ErrShortWrite
+		}
+	}
+	return -1, nil
+}
+
+func (b *uringBackend) cancel(i int32, o *op) {
+	st := &b.st[i]
+	for k := range st.steps {
+		s := b.sqe()
+		s.PrepareCancel(ud(i, int(k)), 0)
+		s.UserData = cancelUD
+	}
+}
+
+func (b *uringBackend) wake() { b.waker.Wake() }
+
+// reap copies out completions and handles them: a finished op goes to
+// doneQ, one with another phase to next.
+func (b *uringBackend) reap() {
+	for {
+		n := b.ring.Reap(b.cqes)
+		if n == 0 {
+			return
+		}
+		for _, c := range b.cqes[:n] {
+			b.handle(c)
+		}
+	}
+}
+
+func (b *uringBackend) handle(c uring.CQE) {
+	switch {
+	case c.UserData == wakeUD:
+		b.waker.Arm(b.sqe(), wakeUD)
+		return
+	case c.UserData&cancelUD != 0:
+		return
+	}
+	i, step := int32(c.UserData>>8), int(c.UserData&0xff)
+	st := &b.st[i]
+	st.res[step] = c.Res
+	st.pending--
+	if st.pending == 0 {
+		b.evaluate(i, &b.s.ops[i])
+	}
+}
+
+// evaluate judges op i's finished phase: it either sets the op's outcome
+// and queues it on doneQ, or moves it to its next phase.
+func (b *uringBackend) evaluate(i int32, o *op) {
+	st, m := &b.st[i], &b.om[i]
+	finish := func(s Status, err error) {
+		o.status, o.err = s, err
+		b.doneQ = append(b.doneQ, i)
+	}
+	switch o.kind {
+	case OpLookup:
+		r := st.res[0]
+		switch {
+		case r >= 0:
+			finish(StatusFound, nil)
+		case r == -int32(unix.ENOENT):
+			finish(StatusMissing, nil)
+		default:
+			finish(StatusFailed, b.t.pathError(stepOps[st.kinds[0]], m.path[:], syscall.Errno(-r)))
+		}
+
+	case OpLoad:
+		if st.phase == phaseQuarantine {
+			finish(o.status, o.err) // outcome set before the quarantine; its own result does not matter
+			return
+		}
+		open, hdrN, payN := st.res[0], st.res[1], st.res[2]
+		switch {
+		case open == -int32(unix.ENOENT):
+			finish(StatusMissing, nil)
+		case open < 0:
+			finish(StatusFailed, b.t.pathError("openat", m.path[:], syscall.Errno(-open)))
+		case hdrN < 0:
+			finish(StatusFailed, b.t.pathError("read", m.path[:], syscall.Errno(-hdrN)))
+		case payN < 0 && hdrN == blockstore.HeaderSize:
+			finish(StatusFailed, b.t.pathError("read", m.path[:], syscall.Errno(-payN)))
+		default:
+			s, quarantine, err := loadOutcome(o.keyBytes(), b.hdr(i), o.buf, int(hdrN), int(max(payN, 0)))
+			if !quarantine {
+				finish(s, err)
+				return
+			}
+			o.status, o.err = s, err
+			st.qpath = b.t.quarantinePath(st.qpath[:0], o.keyBytes())
+			st.phase = phaseQuarantine
+			b.next = append(b.next, i)
+		}
+
+	case OpStore:
+		b.evaluateStore(i, o, finish)
+	}
+}
+
+func (b *uringBackend) evaluateStore(i int32, o *op, finish func(Status, error)) {
+	st, m := &b.st[i], &b.om[i]
+	switch st.phase {
+	case phaseCleanup:
+		finish(StatusFailed, st.cause)
+		return
+	case phaseDirSync:
+		if k, err := st.firstFailure(noShortCounts[:]); k >= 0 {
+			finish(StatusFailed, b.t.pathError(stepOps[st.kinds[k]], m.dirs[:], err.(syscall.Errno)))
+			return
+		}
+		finish(StatusStored, nil)
+		return
+	}
+	want := storeWant(st, len(o.buf))
+	k, err := st.firstFailure(want[:])
+	if k < 0 {
+		b.rememberDir(i)
+		if b.t.opts.Durability == blockstore.DurabilityFull {
+			st.phase = phaseDirSync
+			b.next = append(b.next, i)
+			return
+		}
+		finish(StatusStored, nil)
+		return
+	}
+	kind := st.kinds[k]
+	if kind == stepOpen && err == syscall.ENOENT && !st.retried {
+		// The directory is missing (new, or removed under us): create it and try once more.
+		st.retried = true
+		b.forgetDir(i)
+		b.next = append(b.next, i)
+		return
+	}
+	path := m.tmp[:]
+	if kind == stepRename {
+		path = m.path[:]
+	}
+	var pe error
+	if errno, ok := err.(syscall.Errno); ok {
+		pe = b.t.pathError(stepOps[kind], path, errno)
+	} else {
+		pe = b.t.pathError(stepOps[kind], path, syscall.EIO)
+		pe = fmt.Errorf("%w (%w)", pe, err)
+	}
+	if kind == stepOpen {
+		finish(StatusFailed, pe) // nothing was created
+		return
+	}
+	st.cause = pe
+	st.phase = phaseCleanup
+	b.next = append(b.next, i)
+}
+
+var noShortCounts = [stepsMax]int32{-1, -1, -1, -1, -1, -1, -1, -1, -1, -1}
+
+// storeWant is the byte count each step of a store's main phase must
+// return; -1 where any non-negative result is success.
+func storeWant(st *opState, payload int) [stepsMax]int32 {
+	want := noShortCounts
+	writes := 0
+	for k := range st.steps {
+		if st.kinds[k] == stepWrite {
+			if writes == 0 {
+				want[k] = blockstore.HeaderSize
+			} else {
+				want[k] = int32(payload)
+			}
+			writes++
+		}
+	}
+	return want
+}
+
+func (b *uringBackend) rememberDir(i int32) {
+	b.dirKey = append(b.t.store.Layout().AppendDir(b.dirKey[:0], b.s.ops[i].keyBytes()), 0)
+	b.dirs[string(b.dirKey)] = struct{}{}
+}
+
+func (b *uringBackend) forgetDir(i int32) {
+	b.dirKey = append(b.t.store.Layout().AppendDir(b.dirKey[:0], b.s.ops[i].keyBytes()), 0)
+	delete(b.dirs, string(b.dirKey))
+}
+
+func (b *uringBackend) wait(d time.Duration, done []int32) []int32 {
+	b.reap()
+	b.prepareNext()
+	if len(b.doneQ) == 0 {
+		if _, err := b.ring.SubmitAndWait(1, max(d, time.Microsecond)); err != nil && !errors.Is(err, uring.ErrRetry) {
+			panic("tier: io_uring wait: " + err.Error())
+		}
+		b.reap()
+		b.prepareNext()
+	}
+	b.submit()
+	done = append(done, b.doneQ...)
+	b.doneQ = b.doneQ[:0]
+	return done
+}
+
+func (b *uringBackend) prepareNext() {
+	for len(b.next) > 0 {
+		next := b.next
+		b.next = nil
+		for _, i := range next {
+			b.prepare(i, &b.s.ops[i])
+		}
+		if b.next == nil {
+			b.next = next[:0]
+		}
+	}
+}
+
+func (b *uringBackend) close(leak bool) {
+	if leak {
+		// Late completions still write into om, hdrs and caller buffers,
+		// and late OPENATs resolve nsFD: keep all of it.
+		leaked.Lock()
+		leaked.backends = append(leaked.backends, b)
+		leaked.Unlock()
+		if b.ring != nil {
+			b.ring.Close()
+		}
+		return
+	}
+	if b.ring != nil {
+		b.ring.Close()
+	}
+	if b.waker != nil {
+		b.waker.Close()
+	}
+	if b.hdrs != nil {
+		uring.FreeBuffer(b.hdrs)
+	}
+	if b.nsFD >= 0 {
+		unix.Close(b.nsFD)
+	}
+	b.pinner.Unpin()
+}

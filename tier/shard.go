@@ -1,0 +1,527 @@
+package tier
+
+import (
+	"bytes"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/uringtier/uringtier/blockstore"
+)
+
+// backend issues the IO of key operations for one shard. All its methods
+// but wake are called by the shard's owner goroutine only.
+type backend interface {
+	// start begins op i. The op, its key and its buffer belong to the
+	// backend until it reports i done.
+	start(i int32, o *op)
+	// wait blocks for at most d until an op finishes or wake is called,
+	// and appends the finished ops to done, their outcome set.
+	wait(d time.Duration, done []int32) []int32
+	// cancel asks the kernel to end op i early, where it can.
+	cancel(i int32, o *op)
+	// wake ends a wait; safe from any goroutine.
+	wake()
+	// close releases the backend. With leak, ops are still in the kernel:
+	// their memory must stay valid forever.
+	close(leak bool)
+}
+
+// op is one key operation in flight. Owner-only, except the outcome,
+// which the backend writes before reporting the op done.
+type op struct {
+	kind      Op
+	key       [blockstore.KeySizeMax]byte
+	keyLen    uint8
+	hash      uint64
+	buf       []byte    // the caller's buffer, for loads and stores
+	holder    *request  // the request whose buffer a load or store uses
+	waiters   []waiter  // requests waiting for this op's outcome
+	deadline  time.Time // earliest waiter deadline
+	started   time.Time
+	inUse     bool
+	abandoned bool // every waiter timed out: stuck until the kernel answers
+	canceled  bool // cancel was asked of the backend
+	probe     bool // the circuit breaker's probe
+
+	status Status // outcome, set by the backend
+	err    error
+}
+
+func (o *op) keyBytes() []byte { return o.key[:o.keyLen] }
+
+type waiter struct {
+	r *request
+	i int32
+}
+
+// cacheEntry is one answered lookup; the key is stored to tell hash
+// collisions apart.
+type cacheEntry struct {
+	key    [blockstore.KeySizeMax]byte
+	keyLen uint8
+	found  bool
+	at     int64 // nanoseconds since the shard's epoch
+}
+
+// shard is one owner goroutine with its backend: the ops of the keys whose
+// hash falls to it, their deadlines, the lookup cache and the breaker.
+type shard struct {
+	t      *Tier
+	idx    int
+	be     backend
+	epoch  time.Time
+	exited chan struct{} // closed when the owner has gone
+
+	mu       sync.Mutex // guards the fields up to the blank line
+	inbox    []*request
+	cancels  []*request
+	stopping bool // Close called: finish or cancel what is in flight
+	abandon  bool // Close's deadline passed: give up on the kernel
+
+	work        []*request // requests with keys this shard has not started
+	ops         []op
+	free        []int32
+	inUse       int
+	lookups     map[uint64]int32 // key hash -> lookup op, to share one op among requests
+	cache       map[uint64]cacheEntry
+	cacheEpoch  uint64
+	stuck       int
+	breaker     bool
+	probing     bool
+	closing     bool
+	stuckAtExit int
+	done        []int32
+	spare       []*request
+
+	inFlight atomic.Int64 // ops in the backend, for Stats
+	queued   atomic.Int64 // requests waiting for op slots, for Stats
+	stuckN   atomic.Int64 // for Stats
+	open     atomic.Bool  // breaker, for Stats
+}
+
+func newShard(t *Tier, idx int, be backend) *shard {
+	s := &shard{
+		t:       t,
+		idx:     idx,
+		be:      be,
+		epoch:   time.Now(),
+		exited:  make(chan struct{}),
+		ops:     make([]op, t.opts.OpsMax),
+		lookups: make(map[uint64]int32),
+		cache:   make(map[uint64]cacheEntry),
+	}
+	for i := range s.ops {
+		s.free = append(s.free, int32(len(s.ops)-1-i))
+	}
+	return s
+}
+
+func (s *shard) enqueue(r *request) {
+	s.mu.Lock()
+	s.inbox = append(s.inbox, r)
+	s.mu.Unlock()
+	s.be.wake()
+}
+
+func (s *shard) cancel(r *request) {
+	s.mu.Lock()
+	s.cancels = append(s.cancels, r)
+	s.mu.Unlock()
+	s.be.wake()
+}
+
+func (s *shard) stop() {
+	s.mu.Lock()
+	s.stopping = true
+	s.mu.Unlock()
+	s.be.wake()
+}
+
+// giveUp tells an owner still waiting for the kernel at Close's deadline
+// to stop waiting. An owner that has exited has closed its backend, which
+// must not be woken again.
+func (s *shard) giveUp() {
+	select {
+	case <-s.exited:
+		return
+	default:
+	}
+	s.mu.Lock()
+	s.abandon = true
+	s.mu.Unlock()
+	s.be.wake()
+}
+
+// loop is the owner's life: take new work, start what fits, expire
+// deadlines, wait for completions.
+func (s *shard) loop() {
+	defer close(s.exited)
+	for {
+		now := time.Now()
+		abandon := s.intake()
+		if abandon {
+			s.abandonAll()
+			break
+		}
+		s.startKeys(now)
+		next := s.expire(now)
+		if s.closing && s.inUse == 0 && len(s.work) == 0 {
+			break
+		}
+		d := next.Sub(now)
+		if s.closing {
+			d = min(d, 20*time.Millisecond)
+		}
+		s.done = s.be.wait(max(d, 0), s.done[:0])
+		if len(s.done) > 0 {
+			now = time.Now()
+			for _, i := range s.done {
+				s.finish(i, now)
+			}
+		}
+	}
+	s.be.close(s.stuckAtExit > 0)
+}
+
+// intake moves new requests and cancels from the inbox, and reports whether
+// Close has given up.
+func (s *shard) intake() bool {
+	s.mu.Lock()
+	s.work = append(s.work, s.inbox...)
+	clear(s.inbox)
+	s.inbox = s.inbox[:0]
+	cancels := s.cancels
+	s.cancels = s.spare[:0]
+	stopping, abandon := s.stopping, s.abandon
+	s.mu.Unlock()
+
+	for _, r := range cancels {
+		s.cancelInFlight(r)
+	}
+	clear(cancels)
+	s.spare = cancels
+	if stopping && !s.closing {
+		s.closing = true
+		for i := range s.ops {
+			if o := &s.ops[i]; o.inUse && !o.canceled {
+				o.canceled = true
+				s.be.cancel(int32(i), o)
+			}
+		}
+	}
+	if e := s.t.cacheEpoch.Load(); e != s.cacheEpoch {
+		s.cacheEpoch = e
+		clear(s.cache)
+	}
+	s.queued.Store(int64(len(s.work)))
+	return abandon
+}
+
+// cancelInFlight ends r's part in ops already started: shared lookups drop
+// r at once; loads and stores ask the kernel and report what it answers.
+// Matching by pointer is safe: a request with a key in a live op has not
+// been published, so its slot has not been reused.
+func (s *shard) cancelInFlight(r *request) {
+	for i := range s.ops {
+		o := &s.ops[i]
+		if !o.inUse || o.abandoned {
+			continue
+		}
+		if o.kind == OpLookup {
+			keep := o.waiters[:0]
+			for _, w := range o.waiters {
+				if w.r == r {
+					s.t.setKey(r, int(w.i), StatusCanceled, ErrCanceled)
+				} else {
+					keep = append(keep, w)
+				}
+			}
+			clear(o.waiters[len(keep):])
+			o.waiters = keep
+			continue
+		}
+		if o.holder == r && !o.canceled {
+			o.canceled = true
+			s.be.cancel(int32(i), o)
+		}
+	}
+}
+
+func (s *shard) mine(h uint64) bool {
+	return h%uint64(len(s.t.shards)) == uint64(s.idx)
+}
+
+// startKeys starts the keys of queued requests while ops are free.
+func (s *shard) startKeys(now time.Time) {
+	kept := s.work[:0]
+	for wi, r := range s.work {
+		i := int(r.cursor[s.idx])
+		for ; i < r.n(); i++ {
+			if !s.mine(r.hashes[i]) {
+				continue
+			}
+			if s.closing || r.canceled.Load() {
+				s.t.setKey(r, i, StatusCanceled, ErrCanceled)
+				continue
+			}
+			if r.prefixOnly && int32(i) > r.firstMiss.Load() {
+				s.t.setKey(r, i, StatusSkipped, nil)
+				continue
+			}
+			if !s.startKey(r, i, now) {
+				break
+			}
+		}
+		r.cursor[s.idx] = int32(i)
+		if i == r.n() {
+			s.t.settle(r) // the last touch of r
+			continue
+		}
+		kept = append(kept, r)
+		if len(s.free) == 0 {
+			// Out of ops: keep the rest in order for later.
+			kept = append(kept, s.work[wi+1:]...)
+			break
+		}
+	}
+	clear(s.work[len(kept):])
+	s.work = kept
+}
+
+// startKey answers key i of r from memory or starts an op for it, and
+// reports false when no op is free.
+func (s *shard) startKey(r *request, i int, now time.Time) bool {
+	key, h := r.key(i), r.hashes[i]
+	ttl := s.t.opts.LookupCacheTTL
+	if ttl > 0 && r.op != OpLoad {
+		if e, ok := s.cache[h]; ok && bytes.Equal(e.key[:e.keyLen], key) && now.Sub(s.epoch)-time.Duration(e.at) < ttl {
+			s.t.stats.cacheHits.Add(1)
+			switch {
+			case r.op == OpLookup && e.found:
+				s.t.setKey(r, i, StatusFound, nil)
+				return true
+			case r.op == OpLookup:
+				s.t.setKey(r, i, StatusMissing, nil)
+				return true
+			case r.op == OpStore && e.found:
+				s.t.setKey(r, i, StatusPresent, nil)
+				return true
+			}
+		}
+	}
+	if r.op == OpLookup {
+		if j, ok := s.lookups[h]; ok && bytes.Equal(s.ops[j].keyBytes(), key) {
+			o := &s.ops[j]
+			o.waiters = append(o.waiters, waiter{r, int32(i)})
+			if r.deadline.Before(o.deadline) {
+				o.deadline = r.deadline
+			}
+			s.t.stats.shared.Add(1)
+			return true
+		}
+	}
+	probe := false
+	if s.breaker {
+		if s.probing {
+			s.t.setKey(r, i, StatusTimedOut, ErrBreakerOpen)
+			return true
+		}
+		probe = true
+	}
+	if len(s.free) == 0 {
+		return false
+	}
+	j := s.free[len(s.free)-1]
+	s.free = s.free[:len(s.free)-1]
+	o := &s.ops[j]
+	o.kind = r.op
+	o.keyLen = uint8(copy(o.key[:], key))
+	o.hash = h
+	o.buf, o.holder = nil, nil
+	if r.op != OpLookup {
+		o.buf, o.holder = r.bufs[i], r
+	}
+	o.waiters = append(o.waiters[:0], waiter{r, int32(i)})
+	o.deadline, o.started = r.deadline, now
+	o.inUse, o.abandoned, o.canceled, o.probe = true, false, false, probe
+	o.status, o.err = StatusPending, nil
+	if probe {
+		s.probing = true
+	}
+	if r.op == OpLookup {
+		if _, taken := s.lookups[h]; !taken {
+			s.lookups[h] = j
+		}
+	}
+	s.inUse++
+	s.inFlight.Store(int64(s.inUse))
+	s.be.start(j, o)
+	return true
+}
+
+// expire times out keys whose deadline has passed and returns the next
+// deadline (at most a second away).
+func (s *shard) expire(now time.Time) time.Time {
+	next := now.Add(time.Second)
+	kept := s.work[:0]
+	for _, r := range s.work {
+		if r.deadline.After(now) {
+			next = earliest(next, r.deadline)
+			kept = append(kept, r)
+			continue
+		}
+		for i := int(r.cursor[s.idx]); i < r.n(); i++ {
+			if s.mine(r.hashes[i]) {
+				s.t.setKey(r, i, StatusTimedOut, ErrTimeout)
+			}
+		}
+		r.cursor[s.idx] = int32(r.n())
+		s.t.settle(r)
+	}
+	clear(s.work[len(kept):])
+	s.work = kept
+
+	for j := range s.ops {
+		o := &s.ops[j]
+		if !o.inUse || o.abandoned {
+			continue
+		}
+		if o.deadline.After(now) {
+			next = earliest(next, o.deadline)
+			continue
+		}
+		keep := o.waiters[:0]
+		o.deadline = now.Add(time.Hour)
+		for _, w := range o.waiters {
+			if w.r.deadline.After(now) {
+				keep = append(keep, w)
+				o.deadline = earliest(o.deadline, w.r.deadline)
+				continue
+			}
+			if o.buf != nil {
+				s.t.hold(w.r)
+			}
+			s.t.setKey(w.r, int(w.i), StatusTimedOut, ErrTimeout)
+		}
+		clear(o.waiters[len(keep):])
+		o.waiters = keep
+		if len(keep) > 0 {
+			next = earliest(next, o.deadline)
+			continue
+		}
+		o.abandoned = true
+		s.stuck++
+		s.stuckN.Store(int64(s.stuck))
+		if !o.canceled {
+			o.canceled = true
+			s.be.cancel(int32(j), o)
+		}
+		if s.stuck >= s.t.opts.BreakerThreshold && !s.breaker {
+			s.breaker = true
+			s.open.Store(true)
+			s.t.stats.breakerTrips.Add(1)
+		}
+	}
+	return next
+}
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// finish takes the outcome of op j to its waiters.
+func (s *shard) finish(j int32, now time.Time) {
+	o := &s.ops[j]
+	s.t.stats.observe(o.kind, now.Sub(o.started))
+	if o.kind == OpLookup {
+		if k, ok := s.lookups[o.hash]; ok && k == j {
+			delete(s.lookups, o.hash)
+		}
+	}
+	if o.canceled && o.status == StatusFailed && isCanceled(o.err) {
+		o.status, o.err = StatusCanceled, ErrCanceled
+	}
+	s.remember(o, now)
+	if o.probe {
+		s.probing = false
+		if !o.abandoned {
+			s.breaker = false
+			s.open.Store(false)
+		}
+	}
+	if o.abandoned {
+		s.stuck--
+		s.stuckN.Store(int64(s.stuck))
+		s.t.stats.late.Add(1)
+		if o.buf != nil {
+			s.t.unhold(o.holder)
+		}
+	} else {
+		for _, w := range o.waiters {
+			s.t.setKey(w.r, int(w.i), o.status, o.err)
+		}
+	}
+	clear(o.waiters)
+	o.waiters = o.waiters[:0]
+	o.buf, o.holder, o.err = nil, nil, nil
+	o.inUse = false
+	s.inUse--
+	s.inFlight.Store(int64(s.inUse))
+	s.free = append(s.free, j)
+}
+
+// remember updates the lookup cache with what op o learned.
+func (s *shard) remember(o *op, now time.Time) {
+	if s.t.opts.LookupCacheTTL == 0 {
+		return
+	}
+	var found bool
+	switch o.status {
+	case StatusFound, StatusLoaded, StatusStored, StatusPresent:
+		found = true
+	case StatusMissing, StatusCorrupt:
+		found = false
+	default:
+		return
+	}
+	if len(s.cache) >= s.t.opts.LookupCacheSize {
+		clear(s.cache)
+	}
+	e := cacheEntry{keyLen: o.keyLen, found: found, at: int64(now.Sub(s.epoch))}
+	e.key = o.key
+	s.cache[o.hash] = e
+}
+
+// abandonAll ends every key still in flight at Close's deadline.
+func (s *shard) abandonAll() {
+	for _, r := range s.work {
+		for i := int(r.cursor[s.idx]); i < r.n(); i++ {
+			if s.mine(r.hashes[i]) {
+				s.t.setKey(r, i, StatusCanceled, ErrCanceled)
+			}
+		}
+		r.cursor[s.idx] = int32(r.n())
+		s.t.settle(r)
+	}
+	s.work = s.work[:0]
+	err := fmt.Errorf("%w: %w", ErrCanceled, ErrStuck)
+	for j := range s.ops {
+		o := &s.ops[j]
+		if !o.inUse {
+			continue
+		}
+		s.stuckAtExit++
+		for _, w := range o.waiters {
+			if o.buf != nil {
+				s.t.hold(w.r)
+			}
+			s.t.setKey(w.r, int(w.i), StatusCanceled, err)
+		}
+		o.waiters = o.waiters[:0]
+	}
+}

@@ -1,0 +1,495 @@
+package tier
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"math/bits"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/uringtier/uringtier/blockstore"
+	"github.com/uringtier/uringtier/uring"
+)
+
+// Tier is an asynchronous block store over one namespace directory. Its
+// methods are safe for concurrent use; none blocks on IO.
+type Tier struct {
+	opts    Options           // validated, defaults applied; immutable after Open
+	store   *blockstore.Store // the synchronous store: layout, sync engine, maintenance
+	nsDir   string            // <root>/<namespace>, absolute
+	qDir    string            // where corrupt blocks found by loads go
+	engine  EngineInfo        // immutable after Open
+	seed    maphash.Seed      // key hashing; immutable
+	shards  []*shard          // one per ring (one for the sync engine); immutable after Open
+	ready   chan struct{}     // capacity 1: results are waiting
+	buffers [][]byte          // aligned buffers offered to callers; immutable after Open
+	bufMem  []byte            // the mapping behind buffers
+
+	calls sync.WaitGroup // submits and cancels between their closed check and their hand-over to shards
+
+	mu       sync.Mutex        // guards everything below
+	closed   bool              // Close was called
+	reqs     []request         // request slots, len Depth
+	free     []int32           // free request slots
+	byID     map[uint64]int32  // request ID -> slot, for requests not yet polled
+	done     []doneEntry       // finished requests waiting for Poll
+	closeErr error             // Close's result, for a second Close
+	closeCh  chan struct{}     // closed when the first Close has finished
+
+	stats      statsCounters // atomic; see stats.go
+	cacheEpoch atomic.Uint64 // bumped to empty every shard's lookup cache
+}
+
+type doneEntry struct {
+	slot    int32
+	release bool // an OpRelease event rather than the request's Result
+}
+
+// EngineInfo says which engine a tier runs and why.
+type EngineInfo struct {
+	Kind     EngineKind // EngineURing or EngineSync
+	Fallback string     // why EngineAuto chose sync; empty otherwise
+	Rings    int        // io_uring instances
+	Flags    string     // io_uring setup flags in force
+	Direct   bool       // loads use O_DIRECT
+	NoDirect string     // why not, when Direct is false
+}
+
+// request is one submitted batch. Fields are written by the submitting
+// caller before the request is handed to the owners, then by the owners
+// (res, per key, each key by exactly one owner), then read by Poll after
+// remaining reaches zero.
+type request struct {
+	id         uint64
+	op         Op
+	prefixOnly bool
+	keyData    []byte    // the keys, copied and concatenated
+	keyEnd     []int32   // key i is keyData[keyEnd[i-1]:keyEnd[i]]
+	hashes     []uint64  // key hashes; shard = hash % len(shards)
+	bufs       [][]byte  // caller buffers for loads and stores
+	res        []KeyResult
+	cursor     []int32   // per shard: next key index that shard has not looked at
+	deadline   time.Time
+	remaining  atomic.Int32 // keys without an outcome + shards holding the request
+	firstMiss  atomic.Int32 // prefix-only: lowest index found missing, else len(keys)
+	canceled   atomic.Bool
+	published  bool // guarded by Tier.mu
+	held       int  // buffers still with the kernel; guarded by Tier.mu
+	inUse      bool // guarded by Tier.mu
+	slot       int32
+}
+
+// resize returns s with length n and every element zero, reusing its
+// capacity when it suffices.
+func resize[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	s = s[:n]
+	clear(s)
+	return s
+}
+
+func (r *request) n() int { return len(r.keyEnd) }
+
+func (r *request) key(i int) []byte {
+	start := int32(0)
+	if i > 0 {
+		start = r.keyEnd[i-1]
+	}
+	return r.keyData[start:r.keyEnd[i]]
+}
+
+// Open opens a tier on the directory dir (created if needed), storing blocks
+// under dir/<Namespace>.
+func Open(dir string, opts Options) (*Tier, error) {
+	opts.setDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	store, err := blockstore.Open(dir, blockstore.Options{Durability: opts.Durability})
+	if err != nil {
+		return nil, err
+	}
+	nsDir, err := store.NamespaceDir(opts.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	t := &Tier{
+		opts:    opts,
+		store:   store,
+		nsDir:   nsDir,
+		qDir:    filepath.Join(store.Root(), "~quarantine"),
+		seed:    maphash.MakeSeed(),
+		ready:   make(chan struct{}, 1),
+		reqs:    make([]request, opts.Depth),
+		byID:    make(map[uint64]int32, opts.Depth),
+		done:    make([]doneEntry, 0, 2*opts.Depth),
+		closeCh: make(chan struct{}),
+	}
+	for i := range t.reqs {
+		t.free = append(t.free, int32(opts.Depth-1-i))
+	}
+	if err := os.MkdirAll(t.qDir, 0o755); err != nil {
+		return nil, fmt.Errorf("tier: %w", err)
+	}
+	if err := t.startEngine(); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+func (t *Tier) startEngine() error {
+	kind := t.opts.Engine
+	if kind == EngineAuto {
+		kind = EngineURing
+		if err := uring.Available(); err != nil {
+			kind = EngineSync
+			t.engine.Fallback = err.Error()
+		}
+	}
+	t.engine.Kind = kind
+	t.engine.Direct, t.engine.NoDirect = probeDirect(t.nsDir, t.opts)
+	if err := t.allocBuffers(); err != nil {
+		return err
+	}
+	if kind == EngineSync {
+		t.engine.Direct, t.engine.NoDirect = false, "the sync engine reads through the page cache"
+		t.shards = []*shard{newShard(t, 0, newSyncBackend(t))}
+		go t.shards[0].run()
+		return nil
+	}
+	if err := uring.Available(); err != nil {
+		return fmt.Errorf("tier: engine uring: %w", err)
+	}
+	t.engine.Rings = t.opts.Rings
+	for i := range t.opts.Rings {
+		s := newShard(t, i, nil)
+		t.shards = append(t.shards, s)
+	}
+	errs := make(chan error, len(t.shards))
+	for _, s := range t.shards {
+		go s.runURing(errs)
+	}
+	var first error
+	for range t.shards {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	if first != nil {
+		t.Close(context.Background())
+		return first
+	}
+	t.engine.Flags = t.shards[0].be.(*uringBackend).ring.Flags().String()
+	return nil
+}
+
+// Engine says which engine is in use and, for a fallback, why.
+func (t *Tier) Engine() EngineInfo { return t.engine }
+
+// BlockStore returns the synchronous block store under the tier, for
+// maintenance (scan, verify, clean, usage, evict).
+func (t *Tier) BlockStore() *blockstore.Store { return t.store }
+
+// Namespace returns the tier's namespace.
+func (t *Tier) Namespace() string { return t.opts.Namespace }
+
+// BlockSize returns the payload size of every block.
+func (t *Tier) BlockSize() int { return t.opts.BlockSize }
+
+// Ready returns a channel that receives when results are waiting for Poll.
+// A receive is a hint: Poll until it returns 0.
+func (t *Tier) Ready() <-chan struct{} { return t.ready }
+
+// Lookup submits a batch asking which of keys exist. It returns at once:
+// nil (queued), ErrBusy, ErrClosed or an ErrInvalid error. keys are copied.
+func (t *Tier) Lookup(req uint64, keys [][]byte) error {
+	return t.submit(req, OpLookup, false, keys, nil)
+}
+
+// LookupPrefix is Lookup for a caller that only wants the prefix: keys
+// after a definite miss may be skipped (StatusSkipped).
+func (t *Tier) LookupPrefix(req uint64, keys [][]byte) error {
+	return t.submit(req, OpLookup, true, keys, nil)
+}
+
+// Load submits a batch reading blocks into bufs (each exactly BlockSize
+// bytes). The buffers belong to the tier until the request's Result (and,
+// if Result.Held > 0, its OpRelease) has been polled.
+func (t *Tier) Load(req uint64, keys [][]byte, bufs [][]byte) error {
+	return t.submit(req, OpLoad, false, keys, bufs)
+}
+
+// Store submits a batch writing blocks from bufs (each exactly BlockSize
+// bytes), under the same buffer rule as Load.
+func (t *Tier) Store(req uint64, keys [][]byte, bufs [][]byte) error {
+	return t.submit(req, OpStore, false, keys, bufs)
+}
+
+func (t *Tier) submit(id uint64, op Op, prefixOnly bool, keys [][]byte, bufs [][]byte) error {
+	if err := t.validate(op, keys, bufs); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return ErrClosed
+	}
+	if _, dup := t.byID[id]; dup {
+		t.mu.Unlock()
+		return fmt.Errorf("%w: request %d is already in flight", ErrInvalid, id)
+	}
+	if len(t.free) == 0 {
+		t.mu.Unlock()
+		t.stats.busy.Add(1)
+		return ErrBusy
+	}
+	slot := t.free[len(t.free)-1]
+	t.free = t.free[:len(t.free)-1]
+	t.byID[id] = slot
+	r := &t.reqs[slot]
+	r.slot = slot
+	r.inUse = true
+	r.published = false
+	r.held = 0
+	t.calls.Add(1) // Close waits for this request to reach the shards
+	t.mu.Unlock()
+	defer t.calls.Done()
+
+	r.id, r.op, r.prefixOnly = id, op, prefixOnly
+	r.keyData, r.keyEnd, r.hashes = r.keyData[:0], r.keyEnd[:0], r.hashes[:0]
+	for _, k := range keys {
+		r.keyData = append(r.keyData, k...)
+		r.keyEnd = append(r.keyEnd, int32(len(r.keyData)))
+		r.hashes = append(r.hashes, maphash.Bytes(t.seed, k))
+	}
+	r.bufs = append(r.bufs[:0], bufs...)
+	r.res = resize(r.res, len(keys))
+	r.cursor = resize(r.cursor, len(t.shards))
+	timeout := t.opts.IOTimeout
+	if op == OpLookup {
+		timeout = t.opts.LookupTimeout
+	}
+	r.deadline = time.Now().Add(timeout)
+	r.firstMiss.Store(int32(len(keys)))
+	r.canceled.Store(false)
+	t.stats.requests[op].Add(1)
+	t.stats.keys[op].Add(uint64(len(keys)))
+	if len(keys) == 0 {
+		t.publish(r)
+		return nil
+	}
+	// Each shard with keys of r holds a reference, counted in remaining
+	// like a key, until it has let go of r: so r is published, and its
+	// slot reused, only once no shard can still be looking at it.
+	var mask uint64
+	for _, h := range r.hashes {
+		mask |= 1 << (h % uint64(len(t.shards)))
+	}
+	r.remaining.Store(int32(len(keys) + bits.OnesCount64(mask)))
+	for i, s := range t.shards {
+		if mask&(1<<i) != 0 {
+			s.enqueue(r)
+		}
+	}
+	return nil
+}
+
+func (t *Tier) validate(op Op, keys [][]byte, bufs [][]byte) error {
+	if len(keys) > t.opts.BatchMax {
+		return fmt.Errorf("%w: %d keys (BatchMax is %d)", ErrInvalid, len(keys), t.opts.BatchMax)
+	}
+	for i, k := range keys {
+		if err := blockstore.ValidateKey(k); err != nil {
+			return fmt.Errorf("%w: key %d: %w", ErrInvalid, i, err)
+		}
+	}
+	if op == OpLookup {
+		return nil
+	}
+	if len(bufs) != len(keys) {
+		return fmt.Errorf("%w: %d keys but %d buffers", ErrInvalid, len(keys), len(bufs))
+	}
+	for i, b := range bufs {
+		if len(b) != t.opts.BlockSize {
+			return fmt.Errorf("%w: buffer %d is %d bytes, BlockSize is %d", ErrInvalid, i, len(b), t.opts.BlockSize)
+		}
+	}
+	return nil
+}
+
+// setKey records key i's outcome; the owner that records the last one
+// publishes the request.
+func (t *Tier) setKey(r *request, i int, st Status, err error) {
+	r.res[i] = KeyResult{Status: st, Err: err}
+	t.stats.outcomes[r.op][st].Add(1)
+	if r.prefixOnly && !st.OK() {
+		for {
+			cur := r.firstMiss.Load()
+			if int32(i) >= cur || r.firstMiss.CompareAndSwap(cur, int32(i)) {
+				break
+			}
+		}
+	}
+	t.settle(r)
+}
+
+// settle counts down one key outcome or shard reference of r, and
+// publishes r at zero.
+func (t *Tier) settle(r *request) {
+	if r.remaining.Add(-1) == 0 {
+		t.publish(r)
+	}
+}
+
+func (t *Tier) publish(r *request) {
+	t.mu.Lock()
+	r.published = true
+	t.done = append(t.done, doneEntry{slot: r.slot})
+	t.mu.Unlock()
+	t.signal()
+}
+
+func (t *Tier) signal() {
+	select {
+	case t.ready <- struct{}{}:
+	default:
+	}
+}
+
+// hold records that the kernel keeps one of r's buffers past r's deadline.
+func (t *Tier) hold(r *request) {
+	t.mu.Lock()
+	r.held++
+	t.mu.Unlock()
+	t.stats.held.Add(1)
+}
+
+// unhold records that the kernel let go of one of r's buffers.
+func (t *Tier) unhold(r *request) {
+	t.stats.held.Add(-1)
+	t.mu.Lock()
+	r.held--
+	if r.held == 0 && r.published {
+		t.done = append(t.done, doneEntry{slot: r.slot, release: true})
+		t.mu.Unlock()
+		t.signal()
+		return
+	}
+	t.mu.Unlock()
+}
+
+// Poll copies finished requests into dst and returns how many. It never
+// blocks. Keys of each Result reuse the capacity dst[i].Keys already has.
+func (t *Tier) Poll(dst []Result) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for n < len(dst) && n < len(t.done) {
+		e := t.done[n]
+		r := &t.reqs[e.slot]
+		d := &dst[n]
+		d.Req = r.id
+		if e.release {
+			d.Op, d.Keys, d.Prefix, d.Held = OpRelease, d.Keys[:0], 0, 0
+			t.freeSlot(e.slot)
+			n++
+			continue
+		}
+		d.Op = r.op
+		d.Keys = append(d.Keys[:0], r.res...)
+		d.Prefix = 0
+		for d.Prefix < len(r.res) && r.res[d.Prefix].Status.OK() {
+			d.Prefix++
+		}
+		d.Held = r.held
+		if r.held == 0 {
+			t.freeSlot(e.slot)
+		}
+		n++
+	}
+	copy(t.done, t.done[n:])
+	t.done = t.done[:len(t.done)-n]
+	if len(t.done) > 0 {
+		t.signal()
+	}
+	return n
+}
+
+// freeSlot returns a request slot; the caller holds t.mu.
+func (t *Tier) freeSlot(slot int32) {
+	r := &t.reqs[slot]
+	delete(t.byID, r.id)
+	r.inUse = false
+	clear(r.bufs) // drop references to caller memory
+	t.free = append(t.free, slot)
+}
+
+// Cancel cancels request req: keys not yet started end StatusCanceled,
+// keys in the kernel are canceled where the kernel allows, and the
+// request's Result still arrives. It reports whether req was in flight.
+func (t *Tier) Cancel(req uint64) bool {
+	t.mu.Lock()
+	slot, ok := t.byID[req]
+	if !ok || t.reqs[slot].published || t.closed {
+		t.mu.Unlock()
+		return false
+	}
+	r := &t.reqs[slot]
+	r.canceled.Store(true) // under mu, so it cannot land on a reused slot
+	t.calls.Add(1)
+	t.mu.Unlock()
+	defer t.calls.Done()
+	for _, s := range t.shards {
+		s.cancel(r)
+	}
+	return true
+}
+
+// Close stops the tier. Requests submitted before Close each get exactly
+// one Result (their outcome, or StatusCanceled), which Poll still returns
+// after Close; every later call returns ErrClosed. Close returns when the
+// engine's rings and goroutines are gone, or at ctx's deadline with an
+// error wrapping ErrStuck that counts the operations a hung filesystem
+// still holds (their keys end StatusCanceled). A second Close returns the
+// first one's result.
+func (t *Tier) Close(ctx context.Context) error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		<-t.closeCh
+		return t.closeErr
+	}
+	t.closed = true
+	t.mu.Unlock()
+	t.calls.Wait() // no submit or cancel is half-way to a shard
+
+	for _, s := range t.shards {
+		s.stop()
+	}
+	stuck := 0
+	for _, s := range t.shards {
+		select {
+		case <-s.exited:
+		case <-ctx.Done():
+		}
+	}
+	for _, s := range t.shards {
+		s.giveUp()
+	}
+	for _, s := range t.shards {
+		<-s.exited
+		stuck += s.stuckAtExit
+	}
+	if stuck > 0 {
+		t.closeErr = fmt.Errorf("tier: close: %w: %d operations still held by the filesystem", ErrStuck, stuck)
+	}
+	t.freeBuffers(stuck > 0)
+	close(t.closeCh)
+	return t.closeErr
+}
