@@ -31,14 +31,14 @@ type Tier struct {
 
 	calls sync.WaitGroup // submits and cancels between their closed check and their hand-over to shards
 
-	mu       sync.Mutex        // guards everything below
-	closed   bool              // Close was called
-	reqs     []request         // request slots, len Depth
-	free     []int32           // free request slots
-	byID     map[uint64]int32  // request ID -> slot, for requests not yet polled
-	done     []doneEntry       // finished requests waiting for Poll
-	closeErr error             // Close's result, for a second Close
-	closeCh  chan struct{}     // closed when the first Close has finished
+	mu       sync.Mutex       // guards everything below
+	closed   bool             // Close was called
+	reqs     []request        // request slots, len Depth
+	free     []int32          // free request slots
+	byID     map[uint64]int32 // request ID -> slot, for requests not yet polled
+	done     []doneEntry      // finished requests waiting for Poll
+	closeErr error            // Close's result, for a second Close
+	closeCh  chan struct{}    // closed when the first Close has finished
 
 	stats      statsCounters // atomic; see stats.go
 	cacheEpoch atomic.Uint64 // bumped to empty every shard's lookup cache
@@ -67,12 +67,12 @@ type request struct {
 	id         uint64
 	op         Op
 	prefixOnly bool
-	keyData    []byte    // the keys, copied and concatenated
-	keyEnd     []int32   // key i is keyData[keyEnd[i-1]:keyEnd[i]]
-	hashes     []uint64  // key hashes; shard = hash % len(shards)
-	bufs       [][]byte  // caller buffers for loads and stores
+	keyData    []byte   // the keys, copied and concatenated
+	keyEnd     []int32  // key i is keyData[keyEnd[i-1]:keyEnd[i]]
+	hashes     []uint64 // key hashes; shard = hash % len(shards)
+	bufs       [][]byte // caller buffers for loads and stores
 	res        []KeyResult
-	cursor     []int32   // per shard: next key index that shard has not looked at
+	cursor     []int32 // per shard: next key index that shard has not looked at
 	deadline   time.Time
 	remaining  atomic.Int32 // keys without an outcome + shards holding the request
 	firstMiss  atomic.Int32 // prefix-only: lowest index found missing, else len(keys)
