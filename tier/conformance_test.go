@@ -19,16 +19,30 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/uringtier/uringtier/blockstore"
+	"github.com/uringtier/uringtier/linux_test/noring"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	// In a child started by noring.Run (TestConformanceWithoutIOURing), io_uring must be off before any test runs.
+	if err := noring.InstallFilterFromEnv(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	goleak.VerifyTestMain(m)
+}
 
 const testBlockSize = 8192
 
 // forEachEngine runs the test against every engine: the conformance suite.
+// In a child without io_uring (noring) only the sync engine can run.
 func forEachEngine(t *testing.T, f func(t *testing.T, kind EngineKind)) {
 	for _, kind := range []EngineKind{EngineURing, EngineSync} {
-		t.Run(kind.String(), func(t *testing.T) { f(t, kind) })
+		t.Run(kind.String(), func(t *testing.T) {
+			if mode, ok := noring.InChild(); ok && kind == EngineURing {
+				t.Skipf("io_uring is unavailable in this child (%v); the sync engine, the fallback, runs instead", mode)
+			}
+			f(t, kind)
+		})
 	}
 }
 

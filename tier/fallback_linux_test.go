@@ -1,0 +1,97 @@
+package tier
+
+import (
+	"context"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/uringtier/uringtier/linux_test/noring"
+	"github.com/uringtier/uringtier/uring"
+)
+
+// conformanceSuite is every test of this package that a child without io_uring runs. Go cannot list
+// a package's tests at run time, so TestConformanceSuiteComplete checks this list against the source.
+var conformanceSuite = []struct {
+	name string
+	f    func(*testing.T)
+}{
+	{"TestLookupHitMissPrefix", TestLookupHitMissPrefix},
+	{"TestLookupPrefixSkips", TestLookupPrefixSkips},
+	{"TestDuplicateAndSharedKeys", TestDuplicateAndSharedKeys},
+	{"TestLookupCache", TestLookupCache},
+	{"TestLoad", TestLoad},
+	{"TestLoadCorrupt", TestLoadCorrupt},
+	{"TestStore", TestStore},
+	{"TestStoreDirectoryVanished", TestStoreDirectoryVanished},
+	{"TestBadInput", TestBadInput},
+	{"TestOpenRejectsBadOptions", TestOpenRejectsBadOptions},
+	{"TestBusyAtDepth", TestBusyAtDepth},
+	{"TestCancel", TestCancel},
+	{"TestCloseWithWorkInFlight", TestCloseWithWorkInFlight},
+	{"TestModel", TestModel},
+	{"TestSubmitPollDoesNotAllocate", TestSubmitPollDoesNotAllocate},
+}
+
+// notInConformanceSuite is every other test of this package, with the reason it stays out.
+var notInConformanceSuite = map[string]string{
+	"TestEngineEnvOverridesAuto":    "it asks for io_uring through URINGTIER_ENGINE=uring, which must fail without it; linux_test.TestNoIOURing checks that failure",
+	"TestConformanceWithoutIOURing": "it is the test that runs the suite in the child",
+	"TestConformanceSuiteComplete":  "it checks the list, not the tier",
+}
+
+// TestConformanceWithoutIOURing runs the conformance suite in a child process of this test binary
+// in each noring mode (seccomp ENOSYS, seccomp EPERM, kernel.io_uring_disabled=2), with
+// URINGTIER_ENGINE unset: EngineAuto must fall back to the sync engine, naming the cause, and every
+// test must pass on it (forEachEngine runs only the sync engine there).
+func TestConformanceWithoutIOURing(t *testing.T) {
+	for _, mode := range noring.Modes {
+		t.Run(mode.String(), func(t *testing.T) {
+			if m, ok := noring.InChild(); ok {
+				require.Equal(t, mode, m, "child started in another mode")
+				tr, err := Open(t.TempDir(), Options{BlockSize: testBlockSize})
+				require.NoError(t, err)
+				info := tr.Engine()
+				require.NoError(t, tr.Close(context.Background()))
+				require.Equal(t, EngineSync, info.Kind, "EngineAuto without io_uring")
+				require.Equal(t, uring.Available().Error(), info.Fallback, "Fallback should say why io_uring is unusable")
+				for _, c := range conformanceSuite {
+					t.Run(c.name, c.f)
+				}
+				return
+			}
+			t.Setenv(EngineEnv, "") // the child must choose by itself
+			noring.Run(t, mode, t.Name())
+		})
+	}
+}
+
+// TestConformanceSuiteComplete fails when a test is added to this package without being added to
+// conformanceSuite (or, with a reason, to notInConformanceSuite), so the suite without io_uring
+// cannot silently shrink.
+func TestConformanceSuiteComplete(t *testing.T) {
+	files, err := filepath.Glob("*_test.go")
+	require.NoError(t, err)
+	listed := map[string]bool{}
+	for _, c := range conformanceSuite {
+		listed[c.name] = true
+	}
+	fset := token.NewFileSet()
+	for _, name := range files {
+		f, err := parser.ParseFile(fset, name, nil, parser.SkipObjectResolution)
+		require.NoError(t, err)
+		for _, d := range f.Decls {
+			fn, ok := d.(*ast.FuncDecl)
+			if !ok || fn.Recv != nil || len(fn.Name.Name) < 5 || fn.Name.Name[:4] != "Test" || fn.Name.Name == "TestMain" {
+				continue
+			}
+			_, excluded := notInConformanceSuite[fn.Name.Name]
+			require.True(t, listed[fn.Name.Name] || excluded,
+				"%s (%s) is in neither conformanceSuite nor notInConformanceSuite", fn.Name.Name, name)
+		}
+	}
+}
