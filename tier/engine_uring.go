@@ -527,6 +527,11 @@ func (b *uringBackend) wait(d time.Duration, done []int32) []int32 {
 	b.reap()
 	b.prepareNext()
 	if len(b.doneQ) == 0 {
+		// A goroutine this owner just made runnable (a caller woken by
+		// Ready) sits on this P, which the blocking enter below would
+		// hold until sysmon retakes it — up to 10 ms on an idle program.
+		// Let it run first.
+		runtime.Gosched()
 		if _, err := b.ring.SubmitAndWait(1, max(d, time.Microsecond)); err != nil && !errors.Is(err, uring.ErrRetry) {
 			panic("tier: io_uring wait: " + err.Error())
 		}

@@ -1,0 +1,281 @@
+package tier
+
+import (
+	"context"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/uringtier/uringtier/blockstore"
+	"golang.org/x/sys/unix"
+)
+
+// The benchmarks report keys/s and the caller's time per key inside the
+// submit and poll calls (caller-ns/key). Fixtures live in one directory per
+// benchmark run, written once.
+
+const (
+	lookupKeys  = 16384 // half of them present
+	lookupBatch = 1024
+	bigBlock    = 2 << 20
+	bigBlocks   = 48
+)
+
+// lookupFixture writes every other key of 0..lookupKeys with 4 KiB blocks.
+// It is called by the top-level benchmark, which runs once.
+func lookupFixture(b *testing.B) string {
+	dir := b.TempDir()
+	store, err := blockstore.Open(dir, blockstore.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	payload := make([]byte, 4096)
+	for i := 0; i < lookupKeys; i += 2 {
+		if err := store.Put("default", testKey(i), payload); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// runBatches keeps inflight requests in flight until total requests have
+// finished, calling submit(req) for each, and returns the time spent
+// inside submit and Poll.
+func runBatches(b *testing.B, tr *Tier, total, inflight int, submit func(req uint64) error) time.Duration {
+	results := make([]Result, 8)
+	var caller time.Duration
+	next, done := 0, 0
+	for done < total {
+		for next < total && next-done < inflight {
+			t0 := time.Now()
+			err := submit(uint64(next))
+			caller += time.Since(t0)
+			if err == ErrBusy {
+				break
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+			next++
+		}
+		t0 := time.Now()
+		n := tr.Poll(results)
+		caller += time.Since(t0)
+		for _, r := range results[:n] {
+			for _, k := range r.Keys {
+				if k.Status == StatusFailed || k.Status == StatusTimedOut || k.Status == StatusCorrupt {
+					b.Fatalf("request %d: %v %v", r.Req, k.Status, k.Err)
+				}
+			}
+		}
+		done += n
+		if n == 0 {
+			<-tr.Ready()
+		}
+	}
+	return caller
+}
+
+func benchTier(b *testing.B, dir string, kind EngineKind, mod func(*Options)) *Tier {
+	opts := Options{BlockSize: 4096, Engine: kind}
+	if mod != nil {
+		mod(&opts)
+	}
+	tr, err := Open(dir, opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { tr.Close(context.Background()) })
+	return tr
+}
+
+// BenchmarkLookup: 1,024-key batches, half present, warm dentry cache, two
+// batches in flight, no lookup cache; against a one-goroutine statx loop
+// and a 16-goroutine pool over the same paths.
+func BenchmarkLookup(b *testing.B) {
+	dir := lookupFixture(b)
+	keys := make([][]byte, lookupKeys)
+	for i := range keys {
+		keys[i] = testKey(i)
+	}
+	batches := lookupKeys / lookupBatch
+	report := func(b *testing.B, caller time.Duration) {
+		n := float64(b.N) * lookupKeys
+		b.ReportMetric(n/b.Elapsed().Seconds(), "keys/s")
+		b.ReportMetric(float64(caller.Nanoseconds())/n, "caller-ns/key")
+	}
+	engines := []struct {
+		name string
+		kind EngineKind
+		mod  func(*Options)
+	}{
+		{"engine=uring-openpath", EngineURing, nil},
+		{"engine=uring-openpath-1ring", EngineURing, func(o *Options) { o.Rings = 1 }},
+		{"engine=uring-statx", EngineURing, func(o *Options) { o.Lookup = LookupStatx }},
+		{"engine=sync", EngineSync, nil},
+	}
+	for _, e := range engines {
+		b.Run(e.name, func(b *testing.B) {
+			tr := benchTier(b, dir, e.kind, e.mod)
+			b.ReportAllocs()
+			var caller time.Duration
+			for b.Loop() {
+				caller += runBatches(b, tr, batches, 2, func(req uint64) error {
+					k := int(req) * lookupBatch
+					return tr.Lookup(req, keys[k:k+lookupBatch])
+				})
+			}
+			report(b, caller)
+		})
+	}
+
+	// The plain-syscall baselines: fstatat relative to the namespace
+	// directory on NUL-terminated paths, allocation-free.
+	nsDir := filepath.Join(dir, "default")
+	nsFD, err := unix.Open(nsDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer unix.Close(nsFD)
+	paths := make([][]byte, lookupKeys)
+	for i := range paths {
+		paths[i] = append(blockstore.FanoutLayout{}.AppendPath(nil, keys[i]), 0)
+	}
+	stat := func(p []byte, st *unix.Stat_t) {
+		unix.Syscall6(unix.SYS_NEWFSTATAT, uintptr(nsFD), uintptr(unsafe.Pointer(&p[0])), uintptr(unsafe.Pointer(st)), 0, 0, 0)
+	}
+	b.Run("engine=fstatat-loop", func(b *testing.B) {
+		var st unix.Stat_t
+		b.ReportAllocs()
+		for b.Loop() {
+			for _, p := range paths {
+				stat(p, &st)
+			}
+		}
+		report(b, 0)
+	})
+	b.Run("engine=fstatat-pool16", func(b *testing.B) {
+		const workers = 16
+		b.ReportAllocs()
+		for b.Loop() {
+			var wg sync.WaitGroup
+			for w := range workers {
+				wg.Go(func() {
+					var st unix.Stat_t
+					for i := w; i < len(paths); i += workers {
+						stat(paths[i], &st)
+					}
+				})
+			}
+			wg.Wait()
+		}
+		report(b, 0)
+	})
+}
+
+func bigFixture(b *testing.B) string {
+	dir := b.TempDir()
+	store, err := blockstore.Open(dir, blockstore.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	payload := make([]byte, bigBlock)
+	for i := range payload {
+		payload[i] = byte(i * 31)
+	}
+	for i := range bigBlocks {
+		if err := store.Put("default", testKey(i), payload); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// BenchmarkLoad2MiB loads 2 MiB blocks, one key per request, depth 4, into
+// the tier's registered buffers (O_DIRECT where the filesystem allows).
+func BenchmarkLoad2MiB(b *testing.B) {
+	dir := bigFixture(b)
+	for _, kind := range []EngineKind{EngineURing, EngineSync} {
+		b.Run("engine="+kind.String(), func(b *testing.B) {
+			const depth = 4
+			tr := benchTier(b, dir, kind, func(o *Options) { o.BlockSize = bigBlock; o.Buffers = depth })
+			bufs := tr.Buffers()
+			b.SetBytes(bigBlock)
+			b.ReportAllocs()
+			var caller time.Duration
+			for b.Loop() {
+				caller += runBatches(b, tr, bigBlocks, depth, func(req uint64) error {
+					i := int(req)
+					return tr.Load(req, [][]byte{testKey(i)}, bufs[i%depth:i%depth+1])
+				})
+			}
+			b.ReportMetric(float64(b.N*bigBlocks)/b.Elapsed().Seconds(), "keys/s")
+			b.ReportMetric(float64(caller.Nanoseconds())/float64(b.N*bigBlocks), "caller-ns/key")
+		})
+	}
+	b.Run("engine=pread-direct/depth=1", func(b *testing.B) {
+		buf, fds := openBig(b, dir)
+		b.SetBytes(bigBlock)
+		for b.Loop() {
+			for _, fd := range fds {
+				if _, err := unix.Pread(fd, buf, blockstore.HeaderSize); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		b.ReportMetric(float64(b.N*bigBlocks)/b.Elapsed().Seconds(), "keys/s")
+	})
+}
+
+func openBig(b *testing.B, dir string) ([]byte, []int) {
+	buf, err := unix.Mmap(-1, 0, bigBlock, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { unix.Munmap(buf) })
+	var fds []int
+	for i := range bigBlocks {
+		p := filepath.Join(dir, "default", string(blockstore.FanoutLayout{}.AppendPath(nil, testKey(i))))
+		fd, err := unix.Open(p, unix.O_RDONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		fds = append(fds, fd)
+	}
+	b.Cleanup(func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	})
+	return buf, fds
+}
+
+// BenchmarkStore2MiB stores 2 MiB blocks, one key per request, depth 4,
+// each run into a fresh directory.
+func BenchmarkStore2MiB(b *testing.B) {
+	for _, kind := range []EngineKind{EngineURing, EngineSync} {
+		b.Run("engine="+kind.String(), func(b *testing.B) {
+			const depth, perRun = 4, 16
+			dir := b.TempDir()
+			tr := benchTier(b, dir, kind, func(o *Options) { o.BlockSize = bigBlock; o.Buffers = depth })
+			bufs := tr.Buffers()
+			b.SetBytes(bigBlock)
+			b.ReportAllocs()
+			run := 0
+			var caller time.Duration
+			for b.Loop() {
+				base := run * perRun
+				caller += runBatches(b, tr, perRun, depth, func(req uint64) error {
+					i := int(req)
+					return tr.Store(uint64(base+i), [][]byte{testKey(1_000_000 + base + i)}, bufs[i%depth:i%depth+1])
+				})
+				run++
+			}
+			b.ReportMetric(float64(b.N*perRun)/b.Elapsed().Seconds(), "keys/s")
+			b.ReportMetric(float64(caller.Nanoseconds())/float64(b.N*perRun), "caller-ns/key")
+		})
+	}
+}
+
