@@ -278,4 +278,3 @@ func BenchmarkStore2MiB(b *testing.B) {
 		})
 	}
 }
-
