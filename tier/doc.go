@@ -1,0 +1,51 @@
+// Package tier is an asynchronous store of fixed-size blocks in a
+// directory: a caller submits batches of lookups, loads and stores and
+// later polls for their results, and no call ever waits for the
+// filesystem.
+//
+// # Requests and results
+//
+// Lookup, LookupPrefix, Load and Store each submit one request: an integer
+// ID chosen by the caller and a batch of keys. They return at once: nil
+// (queued), ErrBusy (Options.Depth requests are submitted and not yet
+// polled), ErrClosed, or an ErrInvalid error for a bad key or buffer. Every
+// queued request produces exactly one Result, with an outcome per key and
+// the length of the successful prefix, which Poll copies into memory the
+// caller owns; Ready signals that results are waiting. Keys are copied at
+// submit; buffers are not: a load's or store's buffers belong to the tier
+// until its Result has been polled (and, in the rare case Result.Held > 0,
+// until its OpRelease Result).
+//
+// # Threading
+//
+// Keys are spread by hash over shards. Each shard has one owner goroutine
+// that alone issues its IO: with the io_uring engine the owner is locked to
+// the OS thread that created its ring (IORING_SETUP_SINGLE_ISSUER and
+// DEFER_TASKRUN), and callers hand it work through a mutex-guarded inbox
+// and an eventfd wake-up, never touching the ring. The sync engine's owner
+// hands key operations to a fixed pool of goroutines doing plain system
+// calls. Both engines share everything above the IO: request bookkeeping,
+// lookup sharing (one kernel operation per key in flight, whatever the
+// number of requests asking), the lookup cache, deadlines and the circuit
+// breaker, so their semantics are the same.
+//
+// # Deadlines and hung filesystems
+//
+// A key not answered by its deadline (Options.LookupTimeout, IOTimeout) is
+// reported StatusTimedOut; the engine asks the kernel to cancel it
+// (IORING_OP_ASYNC_CANCEL) and keeps every buffer and path the kernel may
+// still use until the late completion arrives. A filesystem that holds
+// Options.BreakerThreshold operations past their deadlines opens the
+// breaker: new keys fail fast with ErrBreakerOpen, except one probe at a
+// time, until a probe is answered in time. Kernel worker threads per ring
+// are capped (Options.WorkersMax), so a hung NFS server cannot make the
+// kernel spawn a thread per request.
+//
+// # Memory
+//
+// Each shard preallocates its operation slots (Options.OpsMax), their
+// paths, statx buffers and 4 KiB header buffers; in steady state submit and
+// Poll allocate nothing per key. Options.Buffers asks for aligned buffers
+// registered with every ring (Tier.Buffers): the fastest path for loads,
+// with O_DIRECT where the filesystem allows it.
+package tier
