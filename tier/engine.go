@@ -1,6 +1,7 @@
 package tier
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -48,9 +49,11 @@ func (t *Tier) pathError(op string, rel []byte, errno syscall.Errno) error {
 	return &fs.PathError{Op: op, Path: filepath.Join(t.nsDir, string(rel)), Err: errno}
 }
 
+// trimNUL cuts b at its first NUL: the io_uring engine passes whole
+// fixed-size path buffers, whose tail holds NULs or an older, longer path.
 func trimNUL(b []byte) []byte {
-	if n := len(b); n > 0 && b[n-1] == 0 {
-		return b[:n-1]
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		return b[:i]
 	}
 	return b
 }
