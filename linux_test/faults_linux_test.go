@@ -1,0 +1,157 @@
+package linux_test
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/uringtier/uringtier/blockstore"
+	"github.com/uringtier/uringtier/linux_test/faultfs"
+	"github.com/uringtier/uringtier/tier"
+)
+
+// blockRel is key i's block file relative to the mount root, as faultfs sees it.
+func blockRel(tr *tier.Tier, i int) string {
+	return tr.Namespace() + "/" + string(tr.BlockStore().Layout().AppendPath(nil, key(i)))
+}
+
+// requireErrno asserts that k failed with an *fs.PathError wrapping errno.
+func requireErrno(t *testing.T, k tier.KeyResult, errno syscall.Errno, msg string) {
+	t.Helper()
+	require.Equal(t, tier.StatusFailed, k.Status, "%s: %v", msg, k.Err)
+	var pe *fs.PathError
+	require.True(t, errors.As(k.Err, &pe), "%s: %T is not an *fs.PathError: %v", msg, k.Err, k.Err)
+	require.ErrorIs(t, k.Err, errno, msg)
+	require.NotContains(t, pe.Path, "\x00", "%s: the path in the error", msg)
+	require.Contains(t, pe.Path, ".blk", "%s: the path in the error names the block", msg)
+	t.Logf("%s: %v", msg, k.Err)
+}
+
+// TestFailingFilesystem injects EIO and ESTALE on some blocks' paths: those keys fail with an
+// *fs.PathError wrapping that errno, and the other keys of the same request succeed.
+func TestFailingFilesystem(t *testing.T) {
+	engines(t, func(t *testing.T, kind tier.EngineKind) {
+		fsys := mountFaultFS(t)
+		tr := openTier(t, kind, fsys.Mountpoint(), nil)
+		// Blocks 0..5 exist; 7 does not.
+		for i := range 6 {
+			require.NoError(t, tr.BlockStore().Put(tr.Namespace(), key(i), payload(i, blockSize)))
+		}
+
+		t.Run("lookup", func(t *testing.T) {
+			eio, err := fsys.Inject(faultfs.Fault{Ops: faultfs.OpLookup, Path: blockRel(tr, 0), Errno: syscall.EIO})
+			require.NoError(t, err)
+			estale, err := fsys.Inject(faultfs.Fault{Ops: faultfs.OpLookup, Path: blockRel(tr, 2), Errno: syscall.ESTALE})
+			require.NoError(t, err)
+			defer fsys.Reset()
+			require.NoError(t, tr.Lookup(1, keys(0, 1, 2, 3, 7)))
+			r := await(t, tr, 1)[1]
+			requireErrno(t, r.Keys[0], syscall.EIO, "lookup of key 0")
+			requireErrno(t, r.Keys[2], syscall.ESTALE, "lookup of key 2")
+			assert.Equal(t, []tier.Status{tier.StatusFailed, tier.StatusFound, tier.StatusFailed, tier.StatusFound, tier.StatusMissing}, statuses(r))
+			assert.Equal(t, 0, r.Prefix)
+			assert.Positive(t, eio.Fired())
+			assert.Positive(t, estale.Fired())
+		})
+
+		t.Run("load", func(t *testing.T) {
+			eio, err := fsys.Inject(faultfs.Fault{Ops: faultfs.OpRead, Path: blockRel(tr, 1), Errno: syscall.EIO})
+			require.NoError(t, err)
+			estale, err := fsys.Inject(faultfs.Fault{Ops: faultfs.OpOpen, Path: blockRel(tr, 3), Errno: syscall.ESTALE})
+			require.NoError(t, err)
+			defer fsys.Reset()
+			bufs := buffers(4, blockSize)
+			require.NoError(t, tr.Load(2, keys(0, 1, 2, 3), bufs))
+			r := await(t, tr, 2)[2]
+			requireErrno(t, r.Keys[1], syscall.EIO, "load of key 1")
+			requireErrno(t, r.Keys[3], syscall.ESTALE, "load of key 3")
+			assert.Equal(t, []tier.Status{tier.StatusLoaded, tier.StatusFailed, tier.StatusLoaded, tier.StatusFailed}, statuses(r))
+			assert.Equal(t, 1, r.Prefix)
+			assert.Equal(t, payload(0, blockSize), bufs[0])
+			assert.Equal(t, payload(2, blockSize), bufs[2])
+			assert.Positive(t, eio.Fired())
+			assert.Positive(t, estale.Fired())
+			// An IO error is not corruption: the blocks stay where they are.
+			for _, i := range []int{1, 3} {
+				ok, err := tr.BlockStore().Has(tr.Namespace(), key(i))
+				require.NoError(t, err)
+				assert.True(t, ok, "block %d was moved", i)
+			}
+		})
+
+		t.Run("store", func(t *testing.T) {
+			// Writes to key 10's temporary file fail with EIO, the rename of key 11 with ESTALE.
+			tmp10 := blockRel(tr, 10) + ".tmp.*"
+			eio, err := fsys.Inject(faultfs.Fault{Ops: faultfs.OpWrite, Path: tmp10, Errno: syscall.EIO})
+			require.NoError(t, err)
+			estale, err := fsys.Inject(faultfs.Fault{Ops: faultfs.OpRename, Path: blockRel(tr, 11), Errno: syscall.ESTALE})
+			require.NoError(t, err)
+			defer fsys.Reset()
+			bufs := [][]byte{payload(10, blockSize), payload(11, blockSize), payload(12, blockSize)}
+			require.NoError(t, tr.Store(3, keys(10, 11, 12), bufs))
+			r := await(t, tr, 3)[3]
+			requireErrno(t, r.Keys[0], syscall.EIO, "store of key 10")
+			requireErrno(t, r.Keys[1], syscall.ESTALE, "store of key 11")
+			assert.Equal(t, tier.StatusStored, r.Keys[2].Status, "%v", r.Keys[2].Err)
+			assert.Positive(t, eio.Fired())
+			assert.Positive(t, estale.Fired())
+			// Nothing partial is visible: the failed blocks are absent, no temporary file is left.
+			for i, want := range map[int]bool{10: false, 11: false, 12: true} {
+				ok, err := tr.BlockStore().Has(tr.Namespace(), key(i))
+				require.NoError(t, err)
+				assert.Equal(t, want, ok, "block %d visible", i)
+			}
+			assert.Empty(t, tempFiles(t, tr.BlockStore(), tr.Namespace()))
+		})
+	})
+}
+
+// TestCorruptionOnDisk flips one payload byte of a stored block: the load reports StatusCorrupt
+// (blockstore.ErrCorrupt, "checksum"), the file is moved to <root>/~quarantine, and the next
+// lookup misses while a healthy block of the same request loads.
+func TestCorruptionOnDisk(t *testing.T) {
+	engines(t, func(t *testing.T, kind tier.EngineKind) {
+		root := t.TempDir()
+		tr := openTier(t, kind, root, nil)
+		require.NoError(t, tr.Store(1, keys(0, 1), [][]byte{payload(0, blockSize), payload(1, blockSize)}))
+		for _, k := range await(t, tr, 1)[1].Keys {
+			require.Equal(t, tier.StatusStored, k.Status, "%v", k.Err)
+		}
+		path := filepath.Join(root, blockRel(tr, 0))
+		f, err := os.OpenFile(path, os.O_RDWR, 0)
+		require.NoError(t, err)
+		b := []byte{0}
+		_, err = f.ReadAt(b, blockstore.HeaderSize+1234)
+		require.NoError(t, err)
+		b[0] ^= 0x01
+		_, err = f.WriteAt(b, blockstore.HeaderSize+1234)
+		require.NoError(t, err)
+		require.NoError(t, f.Close())
+
+		bufs := buffers(2, blockSize)
+		require.NoError(t, tr.Load(2, keys(0, 1), bufs))
+		r := await(t, tr, 2)[2]
+		require.Equal(t, tier.StatusCorrupt, r.Keys[0].Status, "%v", r.Keys[0].Err)
+		require.ErrorIs(t, r.Keys[0].Err, blockstore.ErrCorrupt)
+		require.Contains(t, r.Keys[0].Err.Error(), "checksum")
+		require.Equal(t, tier.StatusLoaded, r.Keys[1].Status, "%v", r.Keys[1].Err)
+		require.Equal(t, payload(1, blockSize), bufs[1])
+
+		_, err = os.Stat(path)
+		require.ErrorIs(t, err, fs.ErrNotExist, "the corrupt block is still in place")
+		q, err := os.ReadDir(filepath.Join(root, "~quarantine"))
+		require.NoError(t, err)
+		require.Len(t, q, 1, "quarantine")
+		require.Contains(t, q[0].Name(), fmt.Sprintf("%x", key(0)))
+
+		require.NoError(t, tr.Lookup(3, keys(0, 1)))
+		require.Equal(t, []tier.Status{tier.StatusMissing, tier.StatusFound}, statuses(await(t, tr, 3)[3]))
+	})
+}
