@@ -1,0 +1,161 @@
+package main
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+)
+
+// keySize is the size of every key: a SHA-256 digest.
+const keySize = sha256.Size
+
+// missingBase is the first index of the keys a workload uses as misses:
+// far above any populated range, so they are never present.
+const missingBase = 1 << 63
+
+// keyOf returns key i of the data set with seed: SHA-256 of seed and i,
+// each a little-endian uint64.
+func keyOf(dst []byte, seed, i uint64) []byte {
+	var in [16]byte
+	binary.LittleEndian.PutUint64(in[:8], seed)
+	binary.LittleEndian.PutUint64(in[8:], i)
+	sum := sha256.Sum256(in[:])
+	return append(dst, sum[:]...)
+}
+
+// stampPayload makes buf block i's payload: its first 16 bytes are the seed
+// and index, the rest is whatever the buffer held (fillRandom at start), so
+// blocks differ without the caller generating every byte.
+func stampPayload(buf []byte, seed, i uint64) {
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], seed)
+	binary.LittleEndian.PutUint64(b[8:], i)
+	copy(buf, b[:])
+}
+
+// fillRandom fills buf with pseudo-random bytes, so compression or
+// deduplication below the filesystem cannot flatter the numbers.
+func fillRandom(buf []byte, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 0x7469657262656e63))
+	for len(buf) >= 8 {
+		binary.LittleEndian.PutUint64(buf, rng.Uint64())
+		buf = buf[8:]
+	}
+	for i := range buf {
+		buf[i] = byte(rng.Uint32())
+	}
+}
+
+// manifest records a namespace's data set, so later runs know which keys
+// exist: keys 0..Blocks-1 of Seed, each BlockSize bytes. It lives next to
+// the namespace directory, as a file the block store ignores.
+type manifest struct {
+	Seed      uint64 `json:"seed"`
+	Blocks    uint64 `json:"blocks"`
+	BlockSize int    `json:"block_size"`
+}
+
+func manifestPath(dir, ns string) string {
+	return filepath.Join(dir, "tierbench-"+ns+".json")
+}
+
+// errNoManifest means nothing was populated in the namespace.
+var errNoManifest = errors.New("no tierbench data set")
+
+func readManifest(dir, ns string) (manifest, error) {
+	var m manifest
+	b, err := os.ReadFile(manifestPath(dir, ns))
+	if errors.Is(err, fs.ErrNotExist) {
+		return m, fmt.Errorf("%w in %s namespace %s: run tierbench populate --dir %s first", errNoManifest, dir, ns, dir)
+	}
+	if err != nil {
+		return m, err
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return m, fmt.Errorf("%s: %w", manifestPath(dir, ns), err)
+	}
+	if m.BlockSize <= 0 {
+		return m, fmt.Errorf("%s: block size %d", manifestPath(dir, ns), m.BlockSize)
+	}
+	return m, nil
+}
+
+// writeManifest replaces the manifest atomically.
+func writeManifest(dir, ns string, m manifest) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	path := manifestPath(dir, ns)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// keySet is the keys a lookup or load workload draws from: present keys
+// from the populated range, missing keys from far outside it.
+type keySet struct {
+	present [][]byte // a sample (all, up to presentMax) of the populated range, in random order
+	missing [][]byte // missingMax keys from missingBase on
+	rng     *rand.Rand
+	hit     float64
+	p, m    int // next present and missing key
+}
+
+const (
+	presentMax = 1 << 20
+	missingMax = 1 << 16
+)
+
+// newKeySet precomputes keys, so that hashing is not measured as the
+// caller's time. Lookups cycle through the keys in order; with more keys
+// than one window of depth × batch, no key is in flight twice.
+func newKeySet(m manifest, hit float64) *keySet {
+	rng := rand.New(rand.NewPCG(m.Seed, 0x6b657973))
+	ks := &keySet{rng: rng, hit: hit}
+	n := min(m.Blocks, presentMax)
+	var idx []uint64
+	if n == m.Blocks {
+		idx = make([]uint64, n)
+		for i := range idx {
+			idx[i] = uint64(i)
+		}
+		rng.Shuffle(len(idx), func(i, j int) { idx[i], idx[j] = idx[j], idx[i] })
+	} else {
+		for range n {
+			idx = append(idx, rng.Uint64N(m.Blocks))
+		}
+	}
+	mem := make([]byte, 0, (len(idx)+missingMax)*keySize)
+	for _, i := range idx {
+		mem = keyOf(mem, m.Seed, i)
+		ks.present = append(ks.present, mem[len(mem)-keySize:])
+	}
+	if hit < 1 {
+		for i := range uint64(missingMax) {
+			mem = keyOf(mem, m.Seed, missingBase+i)
+			ks.missing = append(ks.missing, mem[len(mem)-keySize:])
+		}
+	}
+	return ks
+}
+
+// next returns the next key: present with probability hit.
+func (ks *keySet) next() []byte {
+	if len(ks.present) > 0 && (ks.hit >= 1 || ks.rng.Float64() < ks.hit) {
+		k := ks.present[ks.p]
+		ks.p = (ks.p + 1) % len(ks.present)
+		return k
+	}
+	k := ks.missing[ks.m]
+	ks.m = (ks.m + 1) % len(ks.missing)
+	return k
+}
