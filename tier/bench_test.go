@@ -114,6 +114,7 @@ func BenchmarkLookup(b *testing.B) {
 		{"engine=uring-openpath", EngineURing, nil},
 		{"engine=uring-openpath-1ring", EngineURing, func(o *Options) { o.Rings = 1 }},
 		{"engine=uring-statx", EngineURing, func(o *Options) { o.Lookup = LookupStatx }},
+		{"engine=uring-mixed", EngineURing, func(o *Options) { o.Lookup = LookupMixed }},
 		{"engine=sync", EngineSync, nil},
 	}
 	for _, e := range engines {
@@ -275,6 +276,37 @@ func BenchmarkStore2MiB(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.N*perRun)/b.Elapsed().Seconds(), "keys/s")
 			b.ReportMetric(float64(caller.Nanoseconds())/float64(b.N*perRun), "caller-ns/key")
+		})
+	}
+}
+
+// BenchmarkLookupRoundTrip is one request of 8 warm keys at a time: the
+// latency a scheduler sees from submit to result.
+func BenchmarkLookupRoundTrip(b *testing.B) {
+	dir := lookupFixture(b)
+	keys := testKeys(0, 1, 2, 3, 4, 5, 6, 7)
+	engines := []struct {
+		name string
+		kind EngineKind
+		mod  func(*Options)
+	}{
+		{"engine=uring/rings=1", EngineURing, func(o *Options) { o.Rings = 1 }},
+		{"engine=uring/rings=2", EngineURing, func(o *Options) { o.Rings = 2 }},
+		{"engine=sync", EngineSync, nil},
+	}
+	for _, e := range engines {
+		b.Run(e.name, func(b *testing.B) {
+			tr := benchTier(b, dir, e.kind, e.mod)
+			results := make([]Result, 1)
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := tr.Lookup(1, keys); err != nil {
+					b.Fatal(err)
+				}
+				for tr.Poll(results) == 0 {
+					<-tr.Ready()
+				}
+			}
 		})
 	}
 }

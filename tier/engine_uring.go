@@ -233,7 +233,7 @@ func (b *uringBackend) prepare(i int32, o *op) {
 	m := &b.om[i]
 	slot := uint32(i)
 	switch {
-	case o.kind == OpLookup && b.t.opts.Lookup == LookupStatx:
+	case o.kind == OpLookup && (b.t.opts.Lookup == LookupStatx || b.t.opts.Lookup == LookupMixed && i%2 == 1):
 		b.add(i, stepStatx, 0).PrepareStatx(b.nsFD, &m.path[0], unix.AT_STATX_DONT_SYNC, unix.STATX_SIZE, &m.stx)
 	case o.kind == OpLookup:
 		b.add(i, stepOpen, uring.SQEIOLink).PrepareOpenatDirect(b.nsFD, &m.path[0], unix.O_PATH, 0, slot)
@@ -382,8 +382,18 @@ func (b *uringBackend) handle(c uring.CQE) {
 	st := &b.st[i]
 	st.res[step] = c.Res
 	st.pending--
-	if st.pending == 0 {
+	switch {
+	case st.pending == 0:
 		b.evaluate(i, &b.s.ops[i])
+	case b.s.ops[i].canceled:
+		// A hard link started the next step after the canceled one, and
+		// the kernel could not cancel a step that had not started: ask
+		// again for what follows.
+		for k := step + 1; k < int(st.steps); k++ {
+			s := b.sqe()
+			s.PrepareCancel(ud(i, k), 0)
+			s.UserData = cancelUD
+		}
 	}
 }
 
@@ -527,11 +537,6 @@ func (b *uringBackend) wait(d time.Duration, done []int32) []int32 {
 	b.reap()
 	b.prepareNext()
 	if len(b.doneQ) == 0 {
-		// A goroutine this owner just made runnable (a caller woken by
-		// Ready) sits on this P, which the blocking enter below would
-		// hold until sysmon retakes it — up to 10 ms on an idle program.
-		// Let it run first.
-		runtime.Gosched()
 		if _, err := b.ring.SubmitAndWait(1, max(d, time.Microsecond)); err != nil && !errors.Is(err, uring.ErrRetry) {
 			panic("tier: io_uring wait: " + err.Error())
 		}
