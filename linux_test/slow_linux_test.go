@@ -1,0 +1,96 @@
+package linux_test
+
+import (
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/uringtier/uringtier/linux_test/faultfs"
+	"github.com/uringtier/uringtier/tier"
+)
+
+// slowLatency is added to every operation of the slow filesystem.
+const slowLatency = time.Millisecond
+
+// TestSlowFilesystem adds 1 ms to every operation of a faultfs mount (a slow NFS server): lookups
+// of large batches must keep many operations in flight at once (Stats().InFlight peaks far above
+// 1) and answer every key right. It logs keys/s for each engine and for a single goroutine calling
+// statx in a loop on the same mount, for the report; no timing is asserted.
+func TestSlowFilesystem(t *testing.T) {
+	fsys := mountFaultFS(t)
+	// Half the keys exist, written straight into the backing directory (no latency).
+	const n = 2048
+	seedTier := openTier(t, tier.EngineSync, fsys.Backing(), nil)
+	for i := 0; i < n; i += 2 {
+		require.NoError(t, seedTier.BlockStore().Put(seedTier.Namespace(), key(i), payload(i, blockSize)))
+	}
+	rule, err := fsys.Inject(faultfs.Fault{Ops: faultfs.OpAll, Latency: slowLatency})
+	require.NoError(t, err)
+
+	// The baseline: one goroutine, one statx at a time.
+	nsDir := filepath.Join(fsys.Mountpoint(), seedTier.Namespace())
+	const loopKeys = 200
+	start := time.Now()
+	for i := range loopKeys {
+		var stx unix.Statx_t
+		path := filepath.Join(nsDir, string(seedTier.BlockStore().Layout().AppendPath(nil, key(i))))
+		err := unix.Statx(unix.AT_FDCWD, path, unix.AT_STATX_DONT_SYNC, unix.STATX_SIZE, &stx)
+		if i%2 == 0 {
+			require.NoError(t, err, "key %d", i)
+		} else {
+			require.ErrorIs(t, err, unix.ENOENT, "key %d", i)
+		}
+	}
+	loopRate := float64(loopKeys) / time.Since(start).Seconds()
+	t.Logf("statx loop, 1 goroutine: %.0f keys/s", loopRate)
+
+	engines(t, func(t *testing.T, kind tier.EngineKind) {
+		tr := openTier(t, kind, fsys.Mountpoint(), func(o *tier.Options) { o.OpsMax = 256 })
+		var peak atomic.Int64
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(200 * time.Microsecond):
+				}
+				if v := int64(tr.Stats().InFlight); v > peak.Load() {
+					peak.Store(v)
+				}
+			}
+		})
+		const batch = 1024
+		start := time.Now()
+		for req := uint64(0); req < n/batch; req++ {
+			require.NoError(t, tr.Lookup(req, keyRange(int(req)*batch, int(req+1)*batch)))
+		}
+		reqs := make([]uint64, n/batch)
+		for i := range reqs {
+			reqs[i] = uint64(i)
+		}
+		got := await(t, tr, reqs...)
+		took := time.Since(start)
+		close(stop)
+		wg.Wait()
+		for req, r := range got {
+			for j, k := range r.Keys {
+				i := int(req)*batch + j
+				want := map[bool]tier.Status{true: tier.StatusFound, false: tier.StatusMissing}[i%2 == 0]
+				require.Equal(t, want, k.Status, "key %d: %v", i, k.Err)
+			}
+		}
+		rate := float64(n) / took.Seconds()
+		t.Logf("%s engine: %d keys in %v: %.0f keys/s (%.1fx the statx loop), InFlight peaked at %d",
+			kind, n, took.Round(time.Millisecond), rate, rate/loopRate, peak.Load())
+		assert.GreaterOrEqual(t, peak.Load(), int64(16), "too few operations in flight at once")
+	})
+	assert.Positive(t, rule.Fired())
+}
