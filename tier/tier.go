@@ -456,8 +456,10 @@ func (t *Tier) Cancel(req uint64) bool {
 // after Close; every later call returns ErrClosed. Close returns when the
 // engine's rings and goroutines are gone, or at ctx's deadline with an
 // error wrapping ErrStuck that counts the operations a hung filesystem
-// still holds (their keys end StatusCanceled). A second Close returns the
-// first one's result.
+// still holds (their keys end StatusCanceled). The buffers of such loads
+// and stores stay with the kernel for good: their Results count them in
+// Held and no OpRelease follows. A second Close returns the first one's
+// result.
 func (t *Tier) Close(ctx context.Context) error {
 	t.mu.Lock()
 	if t.closed {

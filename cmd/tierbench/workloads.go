@@ -150,7 +150,7 @@ func (s *session) runEngine(ctx context.Context, kind tier.EngineKind, names []s
 			bufs = tr.Buffers()
 		}
 		r := drive(ctx, tr, w, depth, bufs, s.limits())
-		r.Engine, r.engineInfo, r.Direct, r.Dir = kind.String(), info, info.Direct && op == tier.OpLoad, s.root
+		r.Engine, r.engineInfo, r.Direct, r.Dir = info.Kind.String(), info, info.Direct && op == tier.OpLoad, s.root
 		r.Cold = s.c.cold && s.cold
 		out = append(out, r)
 	}
