@@ -16,7 +16,7 @@ func (t *Tier) allocBuffers() error {
 	if err != nil {
 		return err
 	}
-	t.bufMem = mem
+	t.bufMem, t.bufStride = mem, stride
 	for k := range t.opts.Buffers {
 		t.buffers = append(t.buffers, mem[k*stride:k*stride+t.opts.BlockSize:k*stride+t.opts.BlockSize])
 	}

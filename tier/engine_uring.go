@@ -8,6 +8,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/uringtier/uringtier/blockstore"
 	"github.com/uringtier/uringtier/uring"
@@ -193,14 +194,23 @@ func (b *uringBackend) hdr(i int32) []byte {
 	return b.hdrs[off : off+blockstore.HeaderSize : off+blockstore.HeaderSize]
 }
 
-// bufIndex returns buf's registered buffer index, or -1.
+// bufIndex returns the registered buffer index of buf when it lies within
+// one of the tier's buffers (index 0 is the header buffers), or -1.
 func (b *uringBackend) bufIndex(buf []byte) int {
-	for k, tb := range b.t.buffers {
-		if len(tb) > 0 && len(buf) > 0 && &tb[0] == &buf[0] {
-			return k + 1
-		}
+	mem := b.t.bufMem
+	if len(mem) == 0 || len(buf) == 0 {
+		return -1
 	}
-	return -1
+	base := uintptr(unsafe.Pointer(&mem[0]))
+	p := uintptr(unsafe.Pointer(&buf[0]))
+	if p < base || p+uintptr(len(buf)) > base+uintptr(len(mem)) {
+		return -1
+	}
+	k := int(p-base) / b.t.bufStride
+	if p+uintptr(len(buf)) > base+uintptr((k+1)*b.t.bufStride) {
+		return -1 // spans two buffers
+	}
+	return k + 1
 }
 
 // add prepares step kind k of op i, in order.

@@ -18,16 +18,17 @@ import (
 // Tier is an asynchronous block store over one namespace directory. Its
 // methods are safe for concurrent use; none blocks on IO.
 type Tier struct {
-	opts    Options           // validated, defaults applied; immutable after Open
-	store   *blockstore.Store // the synchronous store: layout, sync engine, maintenance
-	nsDir   string            // <root>/<namespace>, absolute
-	qDir    string            // where corrupt blocks found by loads go
-	engine  EngineInfo        // immutable after Open
-	seed    maphash.Seed      // key hashing; immutable
-	shards  []*shard          // one per ring (one for the sync engine); immutable after Open
-	ready   chan struct{}     // capacity 1: results are waiting
-	buffers [][]byte          // aligned buffers offered to callers; immutable after Open
-	bufMem  []byte            // the mapping behind buffers
+	opts      Options           // validated, defaults applied; immutable after Open
+	store     *blockstore.Store // the synchronous store: layout, sync engine, maintenance
+	nsDir     string            // <root>/<namespace>, absolute
+	qDir      string            // where corrupt blocks found by loads go
+	engine    EngineInfo        // immutable after Open
+	seed      maphash.Seed      // key hashing; immutable
+	shards    []*shard          // one per ring (one for the sync engine); immutable after Open
+	ready     chan struct{}     // capacity 1: results are waiting
+	buffers   [][]byte          // aligned buffers offered to callers; immutable after Open
+	bufMem    []byte            // the mapping behind buffers
+	bufStride int               // distance between buffers in bufMem
 
 	calls sync.WaitGroup // submits and cancels between their closed check and their hand-over to shards
 
