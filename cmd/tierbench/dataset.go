@@ -104,7 +104,8 @@ func writeManifest(dir, ns string, m manifest) error {
 // from the populated range, missing keys from far outside it.
 type keySet struct {
 	present [][]byte // a sample (all, up to presentMax) of the populated range, in random order
-	missing [][]byte // missingMax keys from missingBase on
+	missing [][]byte // up to missingMax keys from missingBase on, hashed as needed
+	seed    uint64
 	rng     *rand.Rand
 	hit     float64
 	p, m    int // next present and missing key
@@ -115,12 +116,13 @@ const (
 	missingMax = 1 << 16
 )
 
-// newKeySet precomputes keys, so that hashing is not measured as the
-// caller's time. Lookups cycle through the keys in order; with more keys
-// than one window of depth × batch, no key is in flight twice.
+// newKeySet precomputes the present keys, so that hashing is not measured
+// as the caller's time; missing keys are hashed on first use, then reused.
+// Keys are drawn in order; with more keys than one window of depth × batch,
+// no key is in flight twice (which would let lookups share operations).
 func newKeySet(m manifest, hit float64) *keySet {
 	rng := rand.New(rand.NewPCG(m.Seed, 0x6b657973))
-	ks := &keySet{rng: rng, hit: hit}
+	ks := &keySet{rng: rng, hit: hit, seed: m.Seed}
 	n := min(m.Blocks, presentMax)
 	var idx []uint64
 	if n == m.Blocks {
@@ -134,16 +136,10 @@ func newKeySet(m manifest, hit float64) *keySet {
 			idx = append(idx, rng.Uint64N(m.Blocks))
 		}
 	}
-	mem := make([]byte, 0, (len(idx)+missingMax)*keySize)
+	mem := make([]byte, 0, len(idx)*keySize)
 	for _, i := range idx {
 		mem = keyOf(mem, m.Seed, i)
 		ks.present = append(ks.present, mem[len(mem)-keySize:])
-	}
-	if hit < 1 {
-		for i := range uint64(missingMax) {
-			mem = keyOf(mem, m.Seed, missingBase+i)
-			ks.missing = append(ks.missing, mem[len(mem)-keySize:])
-		}
 	}
 	return ks
 }
@@ -153,6 +149,11 @@ func (ks *keySet) next() []byte {
 	if len(ks.present) > 0 && (ks.hit >= 1 || ks.rng.Float64() < ks.hit) {
 		k := ks.present[ks.p]
 		ks.p = (ks.p + 1) % len(ks.present)
+		return k
+	}
+	if len(ks.missing) < missingMax {
+		k := keyOf(make([]byte, 0, keySize), ks.seed, missingBase+uint64(len(ks.missing)))
+		ks.missing = append(ks.missing, k)
 		return k
 	}
 	k := ks.missing[ks.m]
