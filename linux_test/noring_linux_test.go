@@ -23,6 +23,10 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
+	// A child started by TestCrashes or TestSeveralProcesses plays its role instead of testing.
+	if code, ok := runChildRole(); ok {
+		os.Exit(code)
+	}
 	os.Exit(m.Run())
 }
 
