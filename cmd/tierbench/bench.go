@@ -53,10 +53,14 @@ type result struct {
 	Direct      bool      `json:"direct"`
 	Dir         string    `json:"dir"`
 	Cold        bool      `json:"cold"`
+	SubmitMaxUS float64   `json:"submit_max_us"`
+	PollMaxUS   float64   `json:"poll_max_us"`
 	FirstError  string    `json:"first_error,omitempty"`
 	engineInfo  tier.EngineInfo
 	latencies   []time.Duration
-	callerMax   time.Duration
+	callerMax   time.Duration // the longer of submitMax and pollMax
+	submitMax   time.Duration // the longest Lookup, Load or Store call
+	pollMax     time.Duration // the longest Poll call
 	elapsed     time.Duration
 	bytes       int64
 	startBusy   uint64
@@ -123,10 +127,9 @@ func drive(ctx context.Context, tr *tier.Tier, w workload, depth int, bufs [][]b
 		}
 		return now.Before(deadline)
 	}
-	observe := func(d time.Duration) {
-		if d > res.callerMax {
-			res.callerMax = d
-		}
+	observe := func(longest *time.Duration, d time.Duration) {
+		*longest = max(*longest, d)
+		res.callerMax = max(res.callerMax, d)
 	}
 	for {
 		for len(free) > 0 && more(time.Now()) {
@@ -153,7 +156,7 @@ func drive(ctx context.Context, tr *tier.Tier, w workload, depth int, bufs [][]b
 			case tier.OpStore:
 				err = tr.Store(req, keys, b)
 			}
-			observe(time.Since(t0))
+			observe(&res.submitMax, time.Since(t0))
 			if errors.Is(err, tier.ErrBusy) {
 				break // the tier's depth is full: poll first
 			}
@@ -190,7 +193,7 @@ func drive(ctx context.Context, tr *tier.Tier, w workload, depth int, bufs [][]b
 			t0 := time.Now()
 			n := tr.Poll(results)
 			now := time.Now()
-			observe(now.Sub(t0))
+			observe(&res.pollMax, now.Sub(t0))
 			if n == 0 {
 				break
 			}
@@ -258,6 +261,7 @@ func (r *result) finish() {
 		r.BytesPerSec = float64(r.bytes) / r.Seconds
 	}
 	r.CallerMaxUS = us(r.callerMax)
+	r.SubmitMaxUS, r.PollMaxUS = us(r.submitMax), us(r.pollMax)
 	if len(r.latencies) == 0 {
 		return
 	}

@@ -72,18 +72,18 @@ func (s *session) report(rs []*result) error {
 // printTable prints one row per engine × workload.
 func printTable(w io.Writer, rs []*result) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "engine\tworkload\tbatch\tkeys\tkeys/s\tbytes/s\thit\tp50\tp99\tp99.9\tmax\tcaller max\terrors\t")
+	fmt.Fprintln(tw, "engine  \tworkload\tbatch\tkeys\tkeys/s\tbytes/s\thit\tp50\tp99\tp99.9\tmax\tcaller max\terrors\t")
 	for _, r := range rs {
 		rate := "-"
 		if r.Workload != "lookup" {
 			rate = humanize.Bytes(uint64(r.BytesPerSec)) + "/s"
 		}
 		hit := "-"
-		if r.Keys > 0 {
+		if r.Keys > 0 && r.Workload != "store" && r.Workload != "populate" {
 			hit = fmt.Sprintf("%.0f%%", 100*float64(r.Found)/float64(r.Keys))
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n",
-			r.Engine, r.Workload, r.Batch, humanize.Comma(r.Keys), humanize.Comma(int64(r.KeysPerSec)), rate, hit,
+			fmt.Sprintf("%-8s", r.Engine), fmt.Sprintf("%-8s", r.Workload), r.Batch, humanize.Comma(r.Keys), humanize.Comma(int64(r.KeysPerSec)), rate, hit,
 			dur(r.LatencyUS.P50), dur(r.LatencyUS.P99), dur(r.LatencyUS.P999), dur(r.LatencyUS.Max), dur(r.CallerMaxUS), r.Errors)
 	}
 	tw.Flush()
@@ -109,7 +109,11 @@ func engineLine(e tier.EngineInfo) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s: ", e.Kind)
 	if e.Kind == tier.EngineURing {
-		fmt.Fprintf(&b, "io_uring, %d rings, setup flags %s; ", e.Rings, e.Flags)
+		rings := "rings"
+		if e.Rings == 1 {
+			rings = "ring"
+		}
+		fmt.Fprintf(&b, "io_uring, %d %s, setup flags %s; ", e.Rings, rings, e.Flags)
 	} else {
 		b.WriteString("plain syscalls on a pool of goroutines; ")
 	}

@@ -168,6 +168,7 @@ func (s *session) dropCaches() {
 		return
 	}
 	s.cold = true
+	s.note("--cold: page, dentry and inode caches dropped before each workload")
 }
 
 // populate writes keys 0..c.blocks-1 into s.backing and records the
