@@ -156,9 +156,17 @@ Exit status: 0 success, 1 failure, 2 bad usage.
 		return
 	}
 	fmt.Fprintf(w, "Usage: tierbench %s [flags]\n\n%s.\n\nFlags:\n", cmd.name, capitalize(cmd.summary))
-	fs.SetOutput(w)
-	fs.PrintDefaults()
-	fs.SetOutput(io.Discard)
+	fs.VisitAll(func(f *flag.Flag) {
+		typ, help := flag.UnquoteUsage(f)
+		if typ != "" {
+			typ = " " + typ
+		}
+		def := ""
+		if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "false" {
+			def = fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintf(w, "  --%s%s\n    \t%s%s\n", f.Name, typ, help, def)
+	})
 }
 
 func capitalize(s string) string {

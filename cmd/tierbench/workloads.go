@@ -296,7 +296,16 @@ func cmdRun(ctx context.Context, c *config) (err error) {
 	if err := unmount(); err != nil {
 		return fmt.Errorf("--latency: unmount: %w", err)
 	}
-	return s.report(all)
+	return s.interrupted(ctx, s.report(all))
+}
+
+// interrupted turns err into "interrupted" after a signal: the results
+// printed are partial and the canceled keys counted as errors.
+func (s *session) interrupted(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return errors.New("interrupted: the results are partial")
+	}
+	return err
 }
 
 // cmdPopulate writes the data set into --dir.
@@ -355,7 +364,7 @@ func cmdWorkload(name string) func(context.Context, *config) error {
 				return err
 			}
 		}
-		return s.report(all)
+		return s.interrupted(ctx, s.report(all))
 	}
 }
 
