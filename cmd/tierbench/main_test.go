@@ -113,6 +113,20 @@ func checkResultLine(t *testing.T, line string, engine, workload string, keys in
 	for _, f := range jsonFields {
 		require.Contains(t, raw, f, line)
 	}
+	// The documented fields come first, in the documented order.
+	dec0 := json.NewDecoder(strings.NewReader(line))
+	_, err := dec0.Token() // {
+	require.NoError(t, err)
+	var order []string
+	for dec0.More() {
+		tok, err := dec0.Token()
+		require.NoError(t, err)
+		order = append(order, tok.(string))
+		var skip json.RawMessage
+		require.NoError(t, dec0.Decode(&skip))
+	}
+	require.GreaterOrEqual(t, len(order), len(jsonFields))
+	assert.Equal(t, jsonFields, order[:len(jsonFields)])
 	var r struct {
 		Engine      string             `json:"engine"`
 		Workload    string             `json:"workload"`
