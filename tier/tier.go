@@ -80,6 +80,7 @@ type request struct {
 	canceled   atomic.Bool
 	published  bool // guarded by Tier.mu
 	held       int  // buffers still with the kernel; guarded by Tier.mu
+	heldPolled bool // Poll returned the Result with Held > 0, so an OpRelease is owed; guarded by Tier.mu
 	inUse      bool // guarded by Tier.mu
 	slot       int32
 }
@@ -258,6 +259,7 @@ func (t *Tier) submit(id uint64, op Op, prefixOnly bool, keys [][]byte, bufs [][
 	r.inUse = true
 	r.published = false
 	r.held = 0
+	r.heldPolled = false
 	t.calls.Add(1) // Close waits for this request to reach the shards
 	t.mu.Unlock()
 	defer t.calls.Done()
@@ -376,7 +378,9 @@ func (t *Tier) unhold(r *request) {
 	t.stats.held.Add(-1)
 	t.mu.Lock()
 	r.held--
-	if r.held == 0 && r.published {
+	// Only a caller told Held > 0 waits for OpRelease; a Result polled with
+	// Held == 0 has already freed the slot.
+	if r.held == 0 && r.heldPolled {
 		t.done = append(t.done, doneEntry{slot: r.slot, release: true})
 		t.mu.Unlock()
 		t.signal()
@@ -411,6 +415,8 @@ func (t *Tier) Poll(dst []Result) int {
 		d.Held = r.held
 		if r.held == 0 {
 			t.freeSlot(e.slot)
+		} else {
+			r.heldPolled = true
 		}
 		n++
 	}
