@@ -46,11 +46,12 @@ func TestNoLeaksAfterClose(t *testing.T) {
 		require.NoError(t, err)
 		fds, open := openFDs(t)
 		if kind == tier.EngineURing {
+			// The rings and their descriptors exist once Open returns: the counts can show a leak.
 			require.Equal(t, rings0+rings, open, "io_uring instances while open")
+			require.Greater(t, fds, fds0, "the tier holds no descriptor: the count cannot show a leak")
 		} else {
 			require.Equal(t, rings0, open, "the sync engine created a ring")
 		}
-		require.Greater(t, fds, fds0, "the tier holds no descriptor: the count cannot show a leak")
 
 		bufs := [][]byte{tr.Buffers()[0], payload(1, blockSize)}
 		copy(bufs[0], payload(0, blockSize))
