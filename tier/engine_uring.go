@@ -46,6 +46,8 @@ const (
 	phaseQuarantine
 	phaseCleanup
 	phaseDirSync
+	phaseResume // a store's writes went short: write the rest, then publish
+	phaseClose  // the op is decided but its slot is still open: close it
 )
 
 type stepKind uint8
@@ -54,7 +56,8 @@ const (
 	stepMkdir stepKind = iota
 	stepOpen
 	stepRead
-	stepWrite
+	stepWriteHeader
+	stepWritePayload
 	stepFsync
 	stepRename
 	stepUnlink
@@ -62,7 +65,7 @@ const (
 	stepStatx
 )
 
-var stepOps = [...]string{"mkdirat", "openat", "read", "write", "fsync", "renameat", "unlinkat", "close", "statx"}
+var stepOps = [...]string{"mkdirat", "openat", "read", "write", "write", "fsync", "renameat", "unlinkat", "close", "statx"}
 
 // opMem is the memory of op i that the kernel reads or writes.
 type opMem struct {
@@ -79,7 +82,11 @@ type opState struct {
 	pending uint8
 	kinds   [stepsMax]stepKind
 	res     [stepsMax]int32
+	slotOpen bool  // the op's fixed-file slot holds a file
 	retried bool   // a store already re-created its directories once
+	resumes uint8  // short-write resumptions so far
+	hdrDone int32  // header bytes a store has written
+	payDone int32  // payload bytes a store has written
 	cause   error  // a store's failure, kept through the cleanup phase
 	qpath   []byte // quarantine path, NUL-terminated
 }
@@ -265,10 +272,11 @@ func (b *uringBackend) prepare(i int32, o *op) {
 		b.add(i, stepRename, 0).PrepareRenameat(b.nsFD, &m.path[0], unix.AT_FDCWD, &st.qpath[0], 0)
 	case o.kind == OpStore && st.phase == phaseMain:
 		b.prepareStore(i, o)
+	case o.kind == OpStore && st.phase == phaseResume:
+		b.prepareStoreTail(i, o)
+	case st.phase == phaseClose:
+		b.add(i, stepClose, 0).PrepareCloseDirect(slot)
 	case o.kind == OpStore && st.phase == phaseCleanup:
-		if st.closeCanceled() {
-			b.add(i, stepClose, uring.SQEIOHardlink).PrepareCloseDirect(slot)
-		}
 		b.add(i, stepUnlink, 0).PrepareUnlinkat(b.nsFD, &m.tmp[0], 0)
 	case o.kind == OpStore && st.phase == phaseDirSync:
 		_ = append(b.t.store.Layout().AppendDir(m.dirs[:0], o.keyBytes()), 0)
@@ -305,35 +313,31 @@ func (b *uringBackend) prepareStore(i int32, o *op) {
 		d = append(d, dir...)
 		b.add(i, stepMkdir, uring.SQEIOHardlink).PrepareMkdirat(b.nsFD, &d[start], 0o755)
 	}
-	hdr := b.hdr(i)
-	blockstore.EncodeHeader(hdr, key, o.buf)
+	blockstore.EncodeHeader(b.hdr(i), key, o.buf)
 	b.add(i, stepOpen, uring.SQEIOLink).PrepareOpenatDirect(b.nsFD, &m.tmp[0], unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o644, slot)
-	b.add(i, stepWrite, uring.SQEIOLink|uring.SQEFixedFile).PrepareWriteFixed(int(slot), hdr, 0, 0)
-	if k := b.bufIndex(o.buf); k > 0 {
-		b.add(i, stepWrite, uring.SQEIOLink|uring.SQEFixedFile).PrepareWriteFixed(int(slot), o.buf, blockstore.HeaderSize, uint16(k))
-	} else {
-		b.add(i, stepWrite, uring.SQEIOLink|uring.SQEFixedFile).PrepareWrite(int(slot), o.buf, blockstore.HeaderSize)
+	b.prepareStoreTail(i, o)
+}
+
+// prepareStoreTail queues what a store does once its temporary file is
+// open: write what is left of the header and payload, sync, publish, close.
+func (b *uringBackend) prepareStoreTail(i int32, o *op) {
+	st, m, slot := &b.st[i], &b.om[i], uint32(i)
+	if n := st.hdrDone; n < blockstore.HeaderSize {
+		b.add(i, stepWriteHeader, uring.SQEIOLink|uring.SQEFixedFile).PrepareWriteFixed(int(slot), b.hdr(i)[n:], uint64(n), 0)
+	}
+	if n := int(st.payDone); n < len(o.buf) {
+		rest, off := o.buf[n:], uint64(blockstore.HeaderSize+n)
+		if k := b.bufIndex(rest); k > 0 {
+			b.add(i, stepWritePayload, uring.SQEIOLink|uring.SQEFixedFile).PrepareWriteFixed(int(slot), rest, off, uint16(k))
+		} else {
+			b.add(i, stepWritePayload, uring.SQEIOLink|uring.SQEFixedFile).PrepareWrite(int(slot), rest, off)
+		}
 	}
 	if b.t.opts.Durability >= blockstore.DurabilityData {
 		b.add(i, stepFsync, uring.SQEIOLink|uring.SQEFixedFile).PrepareFsync(int(slot), false)
 	}
 	b.add(i, stepRename, uring.SQEIOHardlink).PrepareRenameat(b.nsFD, &m.tmp[0], b.nsFD, &m.path[0], 0)
 	b.add(i, stepClose, 0).PrepareCloseDirect(slot)
-}
-
-// closeCanceled reports whether the phase opened its slot and its CLOSE
-// did not run.
-func (st *opState) closeCanceled() bool {
-	opened := false
-	for k := range st.steps {
-		switch st.kinds[k] {
-		case stepOpen:
-			opened = st.res[k] >= 0
-		case stepClose:
-			return opened && st.res[k] < 0
-		}
-	}
-	return false
 }
 
 // firstFailure returns the first step of the phase that failed other than
@@ -393,6 +397,12 @@ func (b *uringBackend) handle(c uring.CQE) {
 	st.res[step] = c.Res
 	st.pending--
 	switch {
+	case st.kinds[step] == stepOpen && c.Res >= 0:
+		st.slotOpen = true
+	case st.kinds[step] == stepClose && c.Res >= 0:
+		st.slotOpen = false
+	}
+	switch {
 	case st.pending == 0:
 		b.evaluate(i, &b.s.ops[i])
 	case b.s.ops[i].canceled:
@@ -411,8 +421,20 @@ func (b *uringBackend) handle(c uring.CQE) {
 // and queues it on doneQ, or moves it to its next phase.
 func (b *uringBackend) evaluate(i int32, o *op) {
 	st, m := &b.st[i], &b.om[i]
+	if st.phase == phaseClose {
+		st.slotOpen = false // closed, or the kernel says there was nothing to close
+		b.doneQ = append(b.doneQ, i)
+		return
+	}
 	finish := func(s Status, err error) {
 		o.status, o.err = s, err
+		if st.slotOpen {
+			// A broken chain canceled the CLOSE: the slot must be
+			// emptied before the op is reused.
+			st.phase = phaseClose
+			b.next = append(b.next, i)
+			return
+		}
 		b.doneQ = append(b.doneQ, i)
 	}
 	switch o.kind {
@@ -475,6 +497,15 @@ func (b *uringBackend) evaluateStore(i int32, o *op, finish func(Status, error))
 	}
 	want := storeWant(st, len(o.buf))
 	k, err := st.firstFailure(want[:])
+	if err == io.ErrShortWrite && st.resumes < 8 && st.res[k] > 0 {
+		// A short write says nothing about why (a full disk, a signal):
+		// write the rest, as write(2) callers do, to learn the errno.
+		st.resumes++
+		st.progress()
+		st.phase = phaseResume
+		b.next = append(b.next, i)
+		return
+	}
 	if k < 0 {
 		b.rememberDir(i)
 		if b.t.opts.Durability == blockstore.DurabilityFull {
@@ -515,22 +546,33 @@ func (b *uringBackend) evaluateStore(i int32, o *op, finish func(Status, error))
 
 var noShortCounts = [stepsMax]int32{-1, -1, -1, -1, -1, -1, -1, -1, -1, -1}
 
-// storeWant is the byte count each step of a store's main phase must
-// return; -1 where any non-negative result is success.
+// storeWant is the byte count each step of a store's phase must return;
+// -1 where any non-negative result is success.
 func storeWant(st *opState, payload int) [stepsMax]int32 {
 	want := noShortCounts
-	writes := 0
 	for k := range st.steps {
-		if st.kinds[k] == stepWrite {
-			if writes == 0 {
-				want[k] = blockstore.HeaderSize
-			} else {
-				want[k] = int32(payload)
-			}
-			writes++
+		switch st.kinds[k] {
+		case stepWriteHeader:
+			want[k] = blockstore.HeaderSize - st.hdrDone
+		case stepWritePayload:
+			want[k] = int32(payload) - st.payDone
 		}
 	}
 	return want
+}
+
+// progress adds what the phase's writes wrote to hdrDone and payDone.
+func (st *opState) progress() {
+	for k := range st.steps {
+		if r := st.res[k]; r > 0 {
+			switch st.kinds[k] {
+			case stepWriteHeader:
+				st.hdrDone += r
+			case stepWritePayload:
+				st.payDone += r
+			}
+		}
+	}
 }
 
 func (b *uringBackend) rememberDir(i int32) {

@@ -412,6 +412,11 @@ func (s *shard) expire(now time.Time) time.Time {
 			continue
 		}
 		o.abandoned = true
+		if k, ok := s.lookups[o.hash]; ok && k == int32(j) {
+			// A stuck op answers nobody: later lookups of the key start
+			// their own (and meet the breaker).
+			delete(s.lookups, o.hash)
+		}
 		s.stuck++
 		s.stuckN.Store(int64(s.stuck))
 		if !o.canceled {

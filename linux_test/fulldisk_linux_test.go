@@ -1,0 +1,88 @@
+package linux_test
+
+import (
+	"bytes"
+	"errors"
+	"io/fs"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/uringtier/uringtier/blockstore"
+	"github.com/uringtier/uringtier/tier"
+)
+
+// TestFullDisk stores into a 1 MiB tmpfs: the stores that do not fit fail with a per-key error
+// wrapping ENOSPC while the others succeed, nothing partial is visible (no temporary file, no
+// corrupt block), and after eviction the failed stores succeed.
+func TestFullDisk(t *testing.T) {
+	needRoot(t, "mounting a tmpfs")
+	const size = 64 << 10 // 16 blocks of 68 KiB files would need 1.06 MiB
+	engines(t, func(t *testing.T, kind tier.EngineKind) {
+		dir := t.TempDir()
+		require.NoError(t, unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"), "mount a 1 MiB tmpfs on %s", dir)
+		t.Cleanup(func() { require.NoError(t, unix.Unmount(dir, unix.MNT_DETACH)) })
+		tr := openTier(t, kind, dir, func(o *tier.Options) { o.BlockSize = size })
+		ns := tr.Namespace()
+
+		const n = 24
+		bufs := make([][]byte, n)
+		for i := range bufs {
+			bufs[i] = payload(i, size)
+		}
+		require.NoError(t, tr.Store(1, keyRange(0, n), bufs))
+		r := await(t, tr, 1)[1]
+		var stored, failed []int
+		for i, k := range r.Keys {
+			switch k.Status {
+			case tier.StatusStored:
+				stored = append(stored, i)
+			case tier.StatusFailed:
+				var pe *fs.PathError
+				require.True(t, errors.As(k.Err, &pe), "key %d: %T is not an *fs.PathError: %v", i, k.Err, k.Err)
+				require.ErrorIs(t, k.Err, syscall.ENOSPC, "key %d", i)
+				failed = append(failed, i)
+			default:
+				t.Fatalf("key %d: %v %v", i, k.Status, k.Err)
+			}
+		}
+		t.Logf("stored %d, failed with ENOSPC %d; e.g. %v", len(stored), len(failed), r.Keys[failed[0]].Err)
+		require.NotEmpty(t, stored, "nothing fitted")
+		require.NotEmpty(t, failed, "the disk did not fill up")
+
+		// Nothing partial: no temporary file; exactly the stored blocks are visible, and whole.
+		assert.Empty(t, tempFiles(t, tr.BlockStore(), ns))
+		vs := verifyClean(t, tr.BlockStore(), ns, "after ENOSPC")
+		assert.Equal(t, int64(len(stored)), vs.Blocks)
+		for _, i := range failed {
+			ok, err := tr.BlockStore().Has(ns, key(i))
+			require.NoError(t, err)
+			assert.False(t, ok, "failed block %d is visible", i)
+		}
+
+		// Evict everything, then the failed stores go through.
+		ev, err := tr.Evict(blockstore.EvictOptions{HighWatermarkSize: 1, LowWatermarkSize: 0})
+		require.NoError(t, err)
+		require.Equal(t, int64(len(stored)), ev.Removed)
+		retry := failed[:min(len(failed), len(stored))]
+		rbufs := make([][]byte, len(retry))
+		for j, i := range retry {
+			rbufs[j] = bufs[i]
+		}
+		require.NoError(t, tr.Store(2, keys(retry...), rbufs))
+		r = await(t, tr, 2)[2]
+		for j, k := range r.Keys {
+			require.Equal(t, tier.StatusStored, k.Status, "key %d after eviction: %v", retry[j], k.Err)
+		}
+		loaded := buffers(len(retry), size)
+		require.NoError(t, tr.Load(3, keys(retry...), loaded))
+		r = await(t, tr, 3)[3]
+		for j, k := range r.Keys {
+			require.Equal(t, tier.StatusLoaded, k.Status, "key %d: %v", retry[j], k.Err)
+			require.True(t, bytes.Equal(bufs[retry[j]], loaded[j]), "key %d: wrong bytes", retry[j])
+		}
+	})
+}
