@@ -77,18 +77,18 @@ type opMem struct {
 
 // opState tracks op i's current phase. Owner-only.
 type opState struct {
-	phase   phase
-	steps   uint8
-	pending uint8
-	kinds   [stepsMax]stepKind
-	res     [stepsMax]int32
-	slotOpen bool  // the op's fixed-file slot holds a file
-	retried bool   // a store already re-created its directories once
-	resumes uint8  // short-write resumptions so far
-	hdrDone int32  // header bytes a store has written
-	payDone int32  // payload bytes a store has written
-	cause   error  // a store's failure, kept through the cleanup phase
-	qpath   []byte // quarantine path, NUL-terminated
+	phase    phase
+	steps    uint8
+	pending  uint8
+	kinds    [stepsMax]stepKind
+	res      [stepsMax]int32
+	slotOpen bool   // the op's fixed-file slot holds a file
+	retried  bool   // a store already re-created its directories once
+	resumes  uint8  // short-write resumptions so far
+	hdrDone  int32  // header bytes a store has written
+	payDone  int32  // payload bytes a store has written
+	cause    error  // a store's failure, kept through the cleanup phase
+	qpath    []byte // quarantine path, NUL-terminated
 }
 
 type uringBackend struct {
