@@ -55,6 +55,10 @@ func openTier(t testing.TB, kind EngineKind, dir string, mod func(*Options)) *Ti
 	tr, err := Open(dir, opts)
 	require.NoError(t, err)
 	require.Equal(t, kind, tr.Engine().Kind)
+	if kind == EngineURing {
+		// t.TempDir is on ext4 or tmpfs on every machine we test on.
+		require.True(t, tr.Engine().Inline, "filesystem %s", tr.Engine().FS)
+	}
 	t.Cleanup(func() { tr.Close(context.Background()) })
 	return tr
 }

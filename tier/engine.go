@@ -102,6 +102,41 @@ func probeDirect(dir string, opts Options) (bool, string) {
 	return true, ""
 }
 
+// inlineSafe reports whether reads and writes in dir may be issued inline
+// by a ring owner, and names the filesystem. io_uring first tries a read or
+// write without blocking (IOCB_NOWAIT), in the owner's thread; local
+// filesystems honour that and hand slow cases to kernel workers, but FUSE
+// (measured: a direct-IO read waited for the FUSE server inside the owner's
+// io_uring_enter) and network filesystems may block the owner. There every
+// read and write carries IOSQE_ASYNC and goes straight to a kernel worker.
+func inlineSafe(dir string) (bool, string) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return false, "unknown (" + err.Error() + ")"
+	}
+	switch uint32(st.Type) {
+	case unix.EXT4_SUPER_MAGIC:
+		return true, "ext4"
+	case unix.XFS_SUPER_MAGIC:
+		return true, "xfs"
+	case unix.BTRFS_SUPER_MAGIC:
+		return true, "btrfs"
+	case unix.TMPFS_MAGIC:
+		return true, "tmpfs"
+	case unix.F2FS_SUPER_MAGIC:
+		return true, "f2fs"
+	case unix.BCACHEFS_SUPER_MAGIC:
+		return true, "bcachefs"
+	case unix.NFS_SUPER_MAGIC:
+		return false, "nfs"
+	case unix.FUSE_SUPER_MAGIC:
+		return false, "fuse"
+	case unix.OVERLAYFS_SUPER_MAGIC:
+		return false, "overlayfs"
+	}
+	return false, fmt.Sprintf("0x%x", uint32(st.Type))
+}
+
 // aligned reports whether b can be an O_DIRECT target.
 func aligned(b []byte) bool {
 	return uintptr(unsafe.Pointer(unsafe.SliceData(b)))%blockstore.HeaderSize == 0 && len(b)%blockstore.HeaderSize == 0

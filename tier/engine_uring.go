@@ -98,6 +98,7 @@ type uringBackend struct {
 	waker   *uring.Waker
 	nsFD    int
 	direct  bool
+	rw      uint8   // SQE flags for reads and writes: SQEAsync where the filesystem may block inline
 	om      []opMem // pinned; referenced by SQEs until their CQEs
 	pinner  runtime.Pinner
 	hdrs    []byte // OpsMax header buffers, mmap'd (aligned); registered buffer 0
@@ -135,6 +136,7 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	n := t.opts.OpsMax
 	entries := uint32(min(4096, max(64, n)))
 	b := &uringBackend{t: t, s: s, nsFD: -1, direct: t.engine.Direct,
+		rw: map[bool]uint8{false: uring.SQEAsync, true: 0}[t.engine.Inline],
 		om: make([]opMem, n), st: make([]opState, n), cqes: make([]uring.CQE, 256),
 		dirs: make(map[string]struct{})}
 	b.pinner.Pin(&b.om[0])
@@ -260,12 +262,15 @@ func (b *uringBackend) prepare(i int32, o *op) {
 		if b.direct && aligned(o.buf) {
 			flags |= unix.O_DIRECT
 		}
-		b.add(i, stepOpen, uring.SQEIOLink).PrepareOpenatDirect(b.nsFD, &m.path[0], flags, 0, slot)
-		b.add(i, stepRead, uring.SQEIOHardlink|uring.SQEFixedFile).PrepareReadFixed(int(slot), b.hdr(i), 0, 0)
+		// An O_RDONLY open calls the filesystem's open (FUSE_OPEN, an NFSv4
+		// OPEN), which may block like a read: it goes async with them.
+		b.add(i, stepOpen, uring.SQEIOLink|b.rw).PrepareOpenatDirect(b.nsFD, &m.path[0], flags, 0, slot)
+		rw := uring.SQEIOHardlink | uring.SQEFixedFile | b.rw
+		b.add(i, stepRead, rw).PrepareReadFixed(int(slot), b.hdr(i), 0, 0)
 		if k := b.bufIndex(o.buf); k > 0 {
-			b.add(i, stepRead, uring.SQEIOHardlink|uring.SQEFixedFile).PrepareReadFixed(int(slot), o.buf, blockstore.HeaderSize, uint16(k))
+			b.add(i, stepRead, rw).PrepareReadFixed(int(slot), o.buf, blockstore.HeaderSize, uint16(k))
 		} else {
-			b.add(i, stepRead, uring.SQEIOHardlink|uring.SQEFixedFile).PrepareRead(int(slot), o.buf, blockstore.HeaderSize)
+			b.add(i, stepRead, rw).PrepareRead(int(slot), o.buf, blockstore.HeaderSize)
 		}
 		b.add(i, stepClose, 0).PrepareCloseDirect(slot)
 	case o.kind == OpLoad && st.phase == phaseQuarantine:
@@ -280,7 +285,7 @@ func (b *uringBackend) prepare(i int32, o *op) {
 		b.add(i, stepUnlink, 0).PrepareUnlinkat(b.nsFD, &m.tmp[0], 0)
 	case o.kind == OpStore && st.phase == phaseDirSync:
 		_ = append(b.t.store.Layout().AppendDir(m.dirs[:0], o.keyBytes()), 0)
-		b.add(i, stepOpen, uring.SQEIOLink).PrepareOpenatDirect(b.nsFD, &m.dirs[0], unix.O_RDONLY|unix.O_DIRECTORY, 0, slot)
+		b.add(i, stepOpen, uring.SQEIOLink|b.rw).PrepareOpenatDirect(b.nsFD, &m.dirs[0], unix.O_RDONLY|unix.O_DIRECTORY, 0, slot)
 		b.add(i, stepFsync, uring.SQEIOHardlink|uring.SQEFixedFile).PrepareFsync(int(slot), false)
 		b.add(i, stepClose, 0).PrepareCloseDirect(slot)
 	default:
@@ -314,7 +319,7 @@ func (b *uringBackend) prepareStore(i int32, o *op) {
 		b.add(i, stepMkdir, uring.SQEIOHardlink).PrepareMkdirat(b.nsFD, &d[start], 0o755)
 	}
 	blockstore.EncodeHeader(b.hdr(i), key, o.buf)
-	b.add(i, stepOpen, uring.SQEIOLink).PrepareOpenatDirect(b.nsFD, &m.tmp[0], unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o644, slot)
+	b.add(i, stepOpen, uring.SQEIOLink|b.rw).PrepareOpenatDirect(b.nsFD, &m.tmp[0], unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o644, slot)
 	b.prepareStoreTail(i, o)
 }
 
@@ -322,15 +327,16 @@ func (b *uringBackend) prepareStore(i int32, o *op) {
 // open: write what is left of the header and payload, sync, publish, close.
 func (b *uringBackend) prepareStoreTail(i int32, o *op) {
 	st, m, slot := &b.st[i], &b.om[i], uint32(i)
+	rw := uring.SQEIOLink | uring.SQEFixedFile | b.rw
 	if n := st.hdrDone; n < blockstore.HeaderSize {
-		b.add(i, stepWriteHeader, uring.SQEIOLink|uring.SQEFixedFile).PrepareWriteFixed(int(slot), b.hdr(i)[n:], uint64(n), 0)
+		b.add(i, stepWriteHeader, rw).PrepareWriteFixed(int(slot), b.hdr(i)[n:], uint64(n), 0)
 	}
 	if n := int(st.payDone); n < len(o.buf) {
 		rest, off := o.buf[n:], uint64(blockstore.HeaderSize+n)
 		if k := b.bufIndex(rest); k > 0 {
-			b.add(i, stepWritePayload, uring.SQEIOLink|uring.SQEFixedFile).PrepareWriteFixed(int(slot), rest, off, uint16(k))
+			b.add(i, stepWritePayload, rw).PrepareWriteFixed(int(slot), rest, off, uint16(k))
 		} else {
-			b.add(i, stepWritePayload, uring.SQEIOLink|uring.SQEFixedFile).PrepareWrite(int(slot), rest, off)
+			b.add(i, stepWritePayload, rw).PrepareWrite(int(slot), rest, off)
 		}
 	}
 	if b.t.opts.Durability >= blockstore.DurabilityData {

@@ -58,6 +58,12 @@ type EngineInfo struct {
 	Flags    string     // io_uring setup flags in force
 	Direct   bool       // loads use O_DIRECT
 	NoDirect string     // why not, when Direct is false
+	FS       string     // the filesystem under the namespace directory
+	// Inline says whether the io_uring engine lets the kernel answer
+	// reads and writes in the owner's thread when it can do so without
+	// blocking; false on filesystems that may block anyway (FUSE, NFS,
+	// unknown), where they all go to kernel workers.
+	Inline bool
 }
 
 // request is one submitted batch. Fields are written by the submitting
@@ -156,10 +162,12 @@ func (t *Tier) startEngine() error {
 	}
 	t.engine.Kind = kind
 	t.engine.Direct, t.engine.NoDirect = probeDirect(t.nsDir, t.opts)
+	t.engine.Inline, t.engine.FS = inlineSafe(t.nsDir)
 	if err := t.allocBuffers(); err != nil {
 		return err
 	}
 	if kind == EngineSync {
+		t.engine.Inline = false
 		t.engine.Direct, t.engine.NoDirect = false, "the sync engine reads through the page cache"
 		t.shards = []*shard{newShard(t, 0, newSyncBackend(t))}
 		go t.shards[0].run()
