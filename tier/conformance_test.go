@@ -414,32 +414,33 @@ func TestBusyAtDepth(t *testing.T) {
 
 func TestCancel(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		// One ring and one op: keys run one at a time, in submit order, so
+		// request 9 waits behind 4 × 4,096 lookups (tens of milliseconds)
+		// and the Cancel lands before any of its keys has started.
 		tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.Rings, o.OpsMax = 1, 1 })
 		put(t, tr, 0)
-		keys := make([][]byte, 200)
-		for i := range keys {
-			keys[i] = testKey(i % 3)
+		ahead := make([][]byte, 4096)
+		for i := range ahead {
+			ahead[i] = testKey(i % 3)
 		}
-		require.NoError(t, tr.Lookup(1, keys))
-		assert.True(t, tr.Cancel(1))
-		r := await(t, tr, 1)[1]
-		canceled := 0
-		for i, k := range r.Keys {
-			switch k.Status {
-			case StatusCanceled:
-				canceled++
-				assert.ErrorIs(t, k.Err, ErrCanceled)
-			case StatusFound:
-				assert.Equal(t, 0, i%3, "key %d", i)
-			case StatusMissing:
-				assert.NotEqual(t, 0, i%3, "key %d", i)
-			default:
-				t.Errorf("key %d: %v", i, k.Status)
+		for req := uint64(1); req <= 4; req++ {
+			require.NoError(t, tr.Lookup(req, ahead))
+		}
+		require.NoError(t, tr.Lookup(9, testKeys(0, 1, 2)))
+		require.True(t, tr.Cancel(9))
+		got := await(t, tr, 1, 2, 3, 4, 9)
+		for i, k := range got[9].Keys {
+			assert.Equal(t, StatusCanceled, k.Status, "key %d", i)
+			assert.ErrorIs(t, k.Err, ErrCanceled, "key %d", i)
+		}
+		assert.Zero(t, got[9].Prefix)
+		for req := uint64(1); req <= 4; req++ {
+			for i, k := range got[req].Keys {
+				want := map[bool]Status{true: StatusFound, false: StatusMissing}[i%3 == 0]
+				require.Equal(t, want, k.Status, "request %d key %d", req, i)
 			}
 		}
-		// One op at a time: the cancel lands long before 200 lookups finish.
-		assert.Positive(t, canceled)
-		assert.False(t, tr.Cancel(1), "already finished")
+		assert.False(t, tr.Cancel(9), "already finished")
 		assert.False(t, tr.Cancel(99), "never submitted")
 	})
 }
