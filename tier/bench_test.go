@@ -2,6 +2,7 @@ package tier
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -111,10 +112,10 @@ func BenchmarkLookup(b *testing.B) {
 		kind EngineKind
 		mod  func(*Options)
 	}{
-		{"engine=uring-openpath", EngineURing, nil},
-		{"engine=uring-openpath-1ring", EngineURing, func(o *Options) { o.Rings = 1 }},
+		{"engine=uring-mixed", EngineURing, nil},
+		{"engine=uring-mixed-2rings", EngineURing, func(o *Options) { o.Rings = 2 }},
+		{"engine=uring-openpath", EngineURing, func(o *Options) { o.Lookup = LookupOpenPath }},
 		{"engine=uring-statx", EngineURing, func(o *Options) { o.Lookup = LookupStatx }},
-		{"engine=uring-mixed", EngineURing, func(o *Options) { o.Lookup = LookupMixed }},
 		{"engine=sync", EngineSync, nil},
 	}
 	for _, e := range engines {
@@ -309,4 +310,49 @@ func BenchmarkLookupRoundTrip(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkLookupCold is BenchmarkLookup after dropping the page, dentry
+// and inode caches before every round (root only).
+func BenchmarkLookupCold(b *testing.B) {
+	if err := dropCaches(); err != nil {
+		b.Skipf("cannot drop caches: %v", err)
+	}
+	dir := lookupFixture(b)
+	keys := make([][]byte, lookupKeys)
+	for i := range keys {
+		keys[i] = testKey(i)
+	}
+	engines := []struct {
+		name string
+		kind EngineKind
+		mod  func(*Options)
+	}{
+		{"engine=uring-mixed", EngineURing, nil},
+		{"engine=uring-openpath", EngineURing, func(o *Options) { o.Lookup = LookupOpenPath }},
+		{"engine=uring-statx", EngineURing, func(o *Options) { o.Lookup = LookupStatx }},
+		{"engine=sync", EngineSync, nil},
+	}
+	for _, e := range engines {
+		b.Run(e.name, func(b *testing.B) {
+			tr := benchTier(b, dir, e.kind, e.mod)
+			for b.Loop() {
+				b.StopTimer()
+				if err := dropCaches(); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				runBatches(b, tr, lookupKeys/lookupBatch, 2, func(req uint64) error {
+					k := int(req) * lookupBatch
+					return tr.Lookup(req, keys[k:k+lookupBatch])
+				})
+			}
+			b.ReportMetric(float64(b.N)*lookupKeys/b.Elapsed().Seconds(), "keys/s")
+		})
+	}
+}
+
+func dropCaches() error {
+	unix.Sync()
+	return os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0)
 }

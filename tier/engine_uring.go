@@ -22,6 +22,7 @@ import (
 //
 //   lookup (O_PATH): OPENAT(O_PATH) into slot i ─link─ CLOSE slot i
 //   lookup (STATX):  STATX
+//   lookup (mixed, the default): even ops O_PATH, odd ops STATX
 //   load:   OPENAT into slot i ─link─ READ_FIXED header ─hardlink─ READ payload ─hardlink─ CLOSE
 //           then, for a corrupt block: RENAMEAT into the quarantine
 //   store:  [MKDIRAT ─hardlink─ ...] OPENAT(O_CREAT|O_EXCL) tmp into slot i ─link─ WRITE_FIXED header
