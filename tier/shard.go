@@ -76,7 +76,7 @@ type shard struct {
 
 	mu       sync.Mutex // guards the fields up to the blank line
 	inbox    []*request
-	cancels  []*request
+	cancels  []canceled
 	stopping bool // Close called: finish or cancel what is in flight
 	abandon  bool // Close's deadline passed: give up on the kernel
 
@@ -93,7 +93,7 @@ type shard struct {
 	closing     bool
 	stuckAtExit int
 	done        []int32
-	spare       []*request
+	spare       []canceled
 
 	inFlight atomic.Int64 // ops in the backend, for Stats
 	queued   atomic.Int64 // requests waiting for op slots, for Stats
@@ -125,9 +125,16 @@ func (s *shard) enqueue(r *request) {
 	s.be.wake()
 }
 
-func (s *shard) cancel(r *request) {
+// canceled is a Cancel on its way to an owner: the request may have
+// finished, been polled and its slot reused meanwhile, which gen tells.
+type canceled struct {
+	r   *request
+	gen uint64
+}
+
+func (s *shard) cancel(r *request, gen uint64) {
 	s.mu.Lock()
-	s.cancels = append(s.cancels, r)
+	s.cancels = append(s.cancels, canceled{r, gen})
 	s.mu.Unlock()
 	s.be.wake()
 }
@@ -197,8 +204,10 @@ func (s *shard) intake() bool {
 	stopping, abandon := s.stopping, s.abandon
 	s.mu.Unlock()
 
-	for _, r := range cancels {
-		s.cancelInFlight(r)
+	for _, c := range cancels {
+		if c.r.gen.Load() == c.gen {
+			s.cancelInFlight(c.r)
+		}
 	}
 	clear(cancels)
 	s.spare = cancels
@@ -221,8 +230,6 @@ func (s *shard) intake() bool {
 
 // cancelInFlight ends r's part in ops already started: shared lookups drop
 // r at once; loads and stores ask the kernel and report what it answers.
-// Matching by pointer is safe: a request with a key in a live op has not
-// been published, so its slot has not been reused.
 func (s *shard) cancelInFlight(r *request) {
 	for i := range s.ops {
 		o := &s.ops[i]

@@ -84,6 +84,7 @@ type request struct {
 	remaining  atomic.Int32 // keys without an outcome + shards holding the request
 	firstMiss  atomic.Int32 // prefix-only: lowest index found missing, else len(keys)
 	canceled   atomic.Bool
+	gen        atomic.Uint64 // bumped each time the slot is taken, so a late Cancel can tell
 	published  bool // guarded by Tier.mu
 	held       int  // buffers still with the kernel; guarded by Tier.mu
 	heldPolled bool // Poll returned the Result with Held > 0, so an OpRelease is owed; guarded by Tier.mu
@@ -264,6 +265,7 @@ func (t *Tier) submit(id uint64, op Op, prefixOnly bool, keys [][]byte, bufs [][
 	t.byID[id] = slot
 	r := &t.reqs[slot]
 	r.slot = slot
+	r.gen.Add(1)
 	r.inUse = true
 	r.published = false
 	r.held = 0
@@ -457,11 +459,12 @@ func (t *Tier) Cancel(req uint64) bool {
 	}
 	r := &t.reqs[slot]
 	r.canceled.Store(true) // under mu, so it cannot land on a reused slot
+	gen := r.gen.Load()
 	t.calls.Add(1)
 	t.mu.Unlock()
 	defer t.calls.Done()
 	for _, s := range t.shards {
-		s.cancel(r)
+		s.cancel(r, gen)
 	}
 	return true
 }
