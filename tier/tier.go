@@ -85,10 +85,10 @@ type request struct {
 	firstMiss  atomic.Int32 // prefix-only: lowest index found missing, else len(keys)
 	canceled   atomic.Bool
 	gen        atomic.Uint64 // bumped each time the slot is taken, so a late Cancel can tell
-	published  bool // guarded by Tier.mu
-	held       int  // buffers still with the kernel; guarded by Tier.mu
-	heldPolled bool // Poll returned the Result with Held > 0, so an OpRelease is owed; guarded by Tier.mu
-	inUse      bool // guarded by Tier.mu
+	published  bool          // guarded by Tier.mu
+	held       int           // buffers still with the kernel; guarded by Tier.mu
+	heldPolled bool          // Poll returned the Result with Held > 0, so an OpRelease is owed; guarded by Tier.mu
+	inUse      bool          // guarded by Tier.mu
 	slot       int32
 }
 
