@@ -112,10 +112,10 @@ func BenchmarkLookup(b *testing.B) {
 		kind EngineKind
 		mod  func(*Options)
 	}{
-		{"engine=uring-mixed", EngineURing, nil},
-		{"engine=uring-mixed-2rings", EngineURing, func(o *Options) { o.Rings = 2 }},
+		{"engine=uring-statx", EngineURing, nil},
+		{"engine=uring-statx-2rings", EngineURing, func(o *Options) { o.Rings = 2 }},
+		{"engine=uring-mixed", EngineURing, func(o *Options) { o.Lookup = LookupMixed }},
 		{"engine=uring-openpath", EngineURing, func(o *Options) { o.Lookup = LookupOpenPath }},
-		{"engine=uring-statx", EngineURing, func(o *Options) { o.Lookup = LookupStatx }},
 		{"engine=sync", EngineSync, nil},
 	}
 	for _, e := range engines {
@@ -329,9 +329,9 @@ func BenchmarkLookupCold(b *testing.B) {
 		kind EngineKind
 		mod  func(*Options)
 	}{
-		{"engine=uring-mixed", EngineURing, nil},
+		{"engine=uring-statx", EngineURing, nil},
+		{"engine=uring-mixed", EngineURing, func(o *Options) { o.Lookup = LookupMixed }},
 		{"engine=uring-openpath", EngineURing, func(o *Options) { o.Lookup = LookupOpenPath }},
-		{"engine=uring-statx", EngineURing, func(o *Options) { o.Lookup = LookupStatx }},
 		{"engine=sync", EngineSync, nil},
 	}
 	for _, e := range engines {

@@ -135,20 +135,26 @@ func statuses(r Result) []Status {
 
 func TestLookupHitMissPrefix(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, kind EngineKind) {
-		tr := openTier(t, kind, t.TempDir(), nil)
-		put(t, tr, 0, 1, 2, 4)
-		require.NoError(t, tr.Lookup(1, testKeys(0, 1, 2, 3, 4)))
-		require.NoError(t, tr.Lookup(2, testKeys(9)))
-		require.NoError(t, tr.Lookup(3, nil))
-		got := await(t, tr, 1, 2, 3)
-		r := got[1]
-		assert.Equal(t, OpLookup, r.Op)
-		assert.Equal(t, []Status{StatusFound, StatusFound, StatusFound, StatusMissing, StatusFound}, statuses(r))
-		assert.Equal(t, 3, r.Prefix)
-		assert.Equal(t, []Status{StatusMissing}, statuses(got[2]))
-		assert.Equal(t, 0, got[2].Prefix)
-		assert.Empty(t, got[3].Keys)
+		for _, lk := range []LookupOp{LookupStatx, LookupMixed, LookupOpenPath} {
+			t.Run(fmt.Sprintf("lookup=%d", lk), func(t *testing.T) { testLookupHitMissPrefix(t, kind, lk) })
+		}
 	})
+}
+
+func testLookupHitMissPrefix(t *testing.T, kind EngineKind, lk LookupOp) {
+	tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.Lookup = lk })
+	put(t, tr, 0, 1, 2, 4)
+	require.NoError(t, tr.Lookup(1, testKeys(0, 1, 2, 3, 4)))
+	require.NoError(t, tr.Lookup(2, testKeys(9)))
+	require.NoError(t, tr.Lookup(3, nil))
+	got := await(t, tr, 1, 2, 3)
+	r := got[1]
+	assert.Equal(t, OpLookup, r.Op)
+	assert.Equal(t, []Status{StatusFound, StatusFound, StatusFound, StatusMissing, StatusFound}, statuses(r))
+	assert.Equal(t, 3, r.Prefix)
+	assert.Equal(t, []Status{StatusMissing}, statuses(got[2]))
+	assert.Equal(t, 0, got[2].Prefix)
+	assert.Empty(t, got[3].Keys)
 }
 
 func TestLookupPrefixSkips(t *testing.T) {

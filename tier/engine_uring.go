@@ -20,9 +20,9 @@ import (
 // only one to touch it. A key operation is a short program of linked SQEs
 // run in phases; its user_data is op index << 8 | step.
 //
+//   lookup (STATX, the default): STATX
 //   lookup (O_PATH): OPENAT(O_PATH) into slot i ─link─ CLOSE slot i
-//   lookup (STATX):  STATX
-//   lookup (mixed, the default): even ops O_PATH, odd ops STATX
+//   lookup (mixed): even ops O_PATH, odd ops STATX
 //   load:   OPENAT into slot i ─link─ READ_FIXED header ─hardlink─ READ payload ─hardlink─ CLOSE
 //           then, for a corrupt block: RENAMEAT into the quarantine
 //   store:  [MKDIRAT ─hardlink─ ...] OPENAT(O_CREAT|O_EXCL) tmp into slot i ─link─ WRITE_FIXED header
@@ -135,7 +135,8 @@ func (s *shard) runURing(errs chan<- error) {
 
 func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	n := t.opts.OpsMax
-	entries := uint32(min(4096, max(64, n)))
+	// Room for a lookup batch's two SQEs per key without flushing mid-way.
+	entries := uint32(min(8192, max(64, 4*n)))
 	b := &uringBackend{t: t, s: s, nsFD: -1, direct: t.engine.Direct,
 		rw: map[bool]uint8{false: uring.SQEAsync, true: 0}[t.engine.Inline],
 		om: make([]opMem, n), st: make([]opState, n), cqes: make([]uring.CQE, 256),
@@ -592,17 +593,20 @@ func (b *uringBackend) forgetDir(i int32) {
 	delete(b.dirs, string(b.dirKey))
 }
 
+// wait submits what is queued and collects finished ops, blocking for at
+// most d when nothing has finished. One io_uring_enter does the submit, the
+// deferred task work and the wait; SQEs that the reaped completions queue
+// go with the next one.
 func (b *uringBackend) wait(d time.Duration, done []int32) []int32 {
-	b.reap()
-	b.prepareNext()
-	if len(b.doneQ) == 0 {
+	if len(b.doneQ) == 0 && b.ring.Ready() == 0 {
 		if _, err := b.ring.SubmitAndWait(1, max(d, time.Microsecond)); err != nil && !errors.Is(err, uring.ErrRetry) {
 			panic("tier: io_uring wait: " + err.Error())
 		}
-		b.reap()
-		b.prepareNext()
+	} else {
+		b.submit()
 	}
-	b.submit()
+	b.reap()
+	b.prepareNext()
 	done = append(done, b.doneQ...)
 	b.doneQ = b.doneQ[:0]
 	return done

@@ -52,20 +52,24 @@ const EngineEnv = "URINGTIER_ENGINE"
 type LookupOp uint8
 
 // Lookup operations. Measured on 2 CPUs, ext4 on virtio, 16,384 paths half
-// present, 1,024-key batches (BenchmarkLookup, BenchmarkLookupCold):
-// warm, O_PATH 0.38–0.44 M keys/s, STATX 0.35–0.42 M, mixed 0.51–0.58 M;
-// after dropping caches all three 0.09–0.14 M.
+// present, 1,024-key batches, one ring, three runs each (BenchmarkLookup,
+// BenchmarkLookupCold): warm, STATX 0.50–0.55 M keys/s, mixed 0.45–0.61 M,
+// O_PATH 0.39–0.45 M; after dropping caches STATX 0.116–0.121 M, mixed
+// 0.100–0.105 M, O_PATH 0.087–0.092 M.
 const (
-	// LookupMixed, the default, issues half of the lookups each way: the
-	// owner thread answers the O_PATH opens inline while kernel workers
-	// answer the STATX calls on other CPUs.
-	LookupMixed LookupOp = iota
+	// LookupStatx, the default, issues STATX, which always runs in a
+	// kernel worker: the workers answer on every CPU, and on a cold cache
+	// they wait for the disk or the server in parallel.
+	LookupStatx LookupOp = iota
+	// LookupMixed issues half of the lookups each way: the owner thread
+	// answers the O_PATH opens inline while kernel workers answer the
+	// STATX calls on other CPUs.
+	LookupMixed
 	// LookupOpenPath opens the file with O_PATH into a fixed-file slot and
 	// closes it in the same chain: the kernel answers it inline when the
-	// dentry is cached, without a worker thread, but on one CPU.
+	// dentry is cached, without a worker thread, but on the owner's CPU
+	// only.
 	LookupOpenPath
-	// LookupStatx issues STATX, which always runs in a kernel worker.
-	LookupStatx
 )
 
 // Options configure a Tier. Zero values take the documented defaults.
@@ -113,7 +117,7 @@ type Options struct {
 	// BreakerThreshold is how many stuck operations (past their deadline
 	// and not answered) open the circuit breaker. Default 64.
 	BreakerThreshold int
-	// Lookup picks the io_uring lookup operation; LookupMixed by default.
+	// Lookup picks the io_uring lookup operation; LookupStatx by default.
 	Lookup LookupOp
 	// NoDirect turns O_DIRECT off for loads even where it works.
 	NoDirect bool
@@ -170,7 +174,7 @@ func (o *Options) validate() error {
 		return bad("negative duration")
 	case o.Engine > EngineSync:
 		return bad("engine %v", o.Engine)
-	case o.Lookup > LookupStatx:
+	case o.Lookup > LookupOpenPath:
 		return bad("lookup op %d", o.Lookup)
 	}
 	if err := blockstore.ValidateNamespace(o.Namespace); err != nil {

@@ -88,6 +88,7 @@ type shard struct {
 	cache       map[uint64]cacheEntry
 	cacheEpoch  uint64
 	stuck       int
+	opDeadline  time.Time // no op in flight has an earlier deadline: expire skips its scan before it
 	breaker     bool
 	probing     bool
 	closing     bool
@@ -324,6 +325,7 @@ func (s *shard) startKey(r *request, i int, now time.Time) bool {
 			o.waiters = append(o.waiters, waiter{r, int32(i)})
 			if r.deadline.Before(o.deadline) {
 				o.deadline = r.deadline
+				s.opDeadline = earliest(s.opDeadline, o.deadline)
 			}
 			s.t.stats.shared.Add(1)
 			return true
@@ -352,6 +354,7 @@ func (s *shard) startKey(r *request, i int, now time.Time) bool {
 	}
 	o.waiters = append(o.waiters[:0], waiter{r, int32(i)})
 	o.deadline, o.started = r.deadline, now
+	s.opDeadline = earliest(s.opDeadline, o.deadline)
 	o.inUse, o.abandoned, o.canceled, o.probe = true, false, false, probe
 	o.status, o.err = StatusPending, nil
 	if probe {
@@ -390,6 +393,10 @@ func (s *shard) expire(now time.Time) time.Time {
 	clear(s.work[len(kept):])
 	s.work = kept
 
+	if s.opDeadline.After(now) {
+		return earliest(next, s.opDeadline)
+	}
+	s.opDeadline = now.Add(time.Hour)
 	for j := range s.ops {
 		o := &s.ops[j]
 		if !o.inUse || o.abandoned {
@@ -397,6 +404,7 @@ func (s *shard) expire(now time.Time) time.Time {
 		}
 		if o.deadline.After(now) {
 			next = earliest(next, o.deadline)
+			s.opDeadline = earliest(s.opDeadline, o.deadline)
 			continue
 		}
 		keep := o.waiters[:0]
@@ -416,6 +424,7 @@ func (s *shard) expire(now time.Time) time.Time {
 		o.waiters = keep
 		if len(keep) > 0 {
 			next = earliest(next, o.deadline)
+			s.opDeadline = earliest(s.opDeadline, o.deadline)
 			continue
 		}
 		o.abandoned = true
