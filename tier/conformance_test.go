@@ -136,7 +136,7 @@ func statuses(r Result) []Status {
 func TestLookupHitMissPrefix(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, kind EngineKind) {
 		for _, lk := range []LookupOp{LookupStatx, LookupMixed, LookupOpenPath} {
-			t.Run(fmt.Sprintf("lookup=%d", lk), func(t *testing.T) { testLookupHitMissPrefix(t, kind, lk) })
+			t.Run("lookup="+lk.String(), func(t *testing.T) { testLookupHitMissPrefix(t, kind, lk) })
 		}
 	})
 }

@@ -72,6 +72,19 @@ const (
 	LookupOpenPath
 )
 
+// String returns "statx", "mixed" or "openpath".
+func (l LookupOp) String() string {
+	switch l {
+	case LookupStatx:
+		return "statx"
+	case LookupMixed:
+		return "mixed"
+	case LookupOpenPath:
+		return "openpath"
+	}
+	return fmt.Sprintf("LookupOp(%d)", uint8(l))
+}
+
 // Options configure a Tier. Zero values take the documented defaults.
 type Options struct {
 	// BlockSize is every block's payload size in bytes. Required.
