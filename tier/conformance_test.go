@@ -20,6 +20,7 @@ import (
 
 	"github.com/uringtier/uringtier/blockstore"
 	"github.com/uringtier/uringtier/linux_test/noring"
+	"golang.org/x/sys/unix"
 )
 
 func TestMain(m *testing.M) {
@@ -598,4 +599,21 @@ func ExampleTier() {
 	}
 	fmt.Println(results[0].Keys[0].Status, results[0].Keys[1].Status, "prefix", results[0].Prefix)
 	// Output: found missing prefix 1
+}
+
+// TestOpenFailsCleanly makes the io_uring engine's set-up fail half-way (a
+// fixed-file table larger than RLIMIT_NOFILE): Open returns the error and
+// leaves no goroutine or ring behind (goleak checks at exit).
+func TestOpenFailsCleanly(t *testing.T) {
+	var old unix.Rlimit
+	require.NoError(t, unix.Getrlimit(unix.RLIMIT_NOFILE, &old))
+	low := old
+	low.Cur = 1024
+	require.NoError(t, unix.Setrlimit(unix.RLIMIT_NOFILE, &low))
+	t.Cleanup(func() { require.NoError(t, unix.Setrlimit(unix.RLIMIT_NOFILE, &old)) })
+
+	tr, err := Open(t.TempDir(), Options{BlockSize: testBlockSize, Engine: EngineURing, OpsMax: 4096})
+	require.Error(t, err)
+	assert.Nil(t, tr)
+	assert.Contains(t, err.Error(), "IORING_REGISTER_FILES2")
 }

@@ -93,23 +93,22 @@ type opState struct {
 }
 
 type uringBackend struct {
-	t       *Tier
-	s       *shard
-	ring    *uring.Ring
-	waker   *uring.Waker
-	nsFD    int
-	direct  bool
-	rw      uint8   // SQE flags for reads and writes: SQEAsync where the filesystem may block inline
-	om      []opMem // pinned; referenced by SQEs until their CQEs
-	pinner  runtime.Pinner
-	hdrs    []byte // OpsMax header buffers, mmap'd (aligned); registered buffer 0
-	st      []opState
-	cqes    []uring.CQE
-	next    []int32 // ops whose next phase is to be prepared
-	doneQ   []int32 // finished ops not yet handed to the shard
-	dirs    map[string]struct{}
-	dirKey  []byte
-	waitErr error
+	t      *Tier
+	s      *shard
+	ring   *uring.Ring
+	waker  *uring.Waker
+	nsFD   int
+	direct bool
+	rw     uint8   // SQE flags for reads and writes: SQEAsync where the filesystem may block inline
+	om     []opMem // pinned; referenced by SQEs until their CQEs
+	pinner runtime.Pinner
+	hdrs   []byte // OpsMax header buffers, mmap'd (aligned); registered buffer 0
+	st     []opState
+	cqes   []uring.CQE
+	next   []int32 // ops whose next phase is to be prepared
+	doneQ  []int32 // finished ops not yet handed to the shard
+	dirs   map[string]struct{}
+	dirKey []byte
 }
 
 // leaked keeps backends whose ring was closed with operations still in the
@@ -138,9 +137,11 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	// Room for a lookup batch's two SQEs per key without flushing mid-way.
 	entries := uint32(min(8192, max(64, 4*n)))
 	b := &uringBackend{t: t, s: s, nsFD: -1, direct: t.engine.Direct,
-		rw: map[bool]uint8{false: uring.SQEAsync, true: 0}[t.engine.Inline],
 		om: make([]opMem, n), st: make([]opState, n), cqes: make([]uring.CQE, 256),
 		dirs: make(map[string]struct{})}
+	if !t.engine.Inline {
+		b.rw = uring.SQEAsync
+	}
 	b.pinner.Pin(&b.om[0])
 	defer func() {
 		if err != nil {

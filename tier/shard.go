@@ -141,6 +141,11 @@ func (s *shard) cancel(r *request, gen uint64) {
 }
 
 func (s *shard) stop() {
+	select {
+	case <-s.exited: // it never started (Open failed), or has finished
+		return
+	default:
+	}
 	s.mu.Lock()
 	s.stopping = true
 	s.mu.Unlock()
