@@ -123,9 +123,12 @@ func (b *syncBackend) lookup(path []byte) (Status, error) {
 	if b.nsFD < 0 {
 		return StatusFailed, b.t.pathError("open", nil, syscall.ENOENT)
 	}
-	var st unix.Stat_t
+	// statx(2) on the NUL-terminated path directly: unix.Statx would
+	// allocate a copy of the path on every call.
+	var st unix.Statx_t
 	errno := retryEINTR(func() syscall.Errno {
-		_, _, e := unix.Syscall6(unix.SYS_NEWFSTATAT, uintptr(b.nsFD), uintptr(unsafe.Pointer(&path[0])), uintptr(unsafe.Pointer(&st)), 0, 0, 0)
+		_, _, e := unix.Syscall6(unix.SYS_STATX, uintptr(b.nsFD), uintptr(unsafe.Pointer(&path[0])),
+			unix.AT_STATX_DONT_SYNC, unix.STATX_SIZE, uintptr(unsafe.Pointer(&st)), 0)
 		return e
 	})
 	switch errno {
