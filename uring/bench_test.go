@@ -54,6 +54,22 @@ func statxFixture(b *testing.B, n int) (paths [][]byte, dir string) {
 	return paths, dir
 }
 
+// submitAndReap submits what is prepared and reaps want completions.
+func submitAndReap(b *testing.B, r *Ring, cqes []CQE, want int) {
+	if _, err := r.SubmitAndWait(uint32(want), -1); err != nil {
+		b.Fatal(err)
+	}
+	for got := 0; got < want; {
+		k := r.Reap(cqes)
+		if k == 0 {
+			if _, err := r.SubmitAndWait(1, -1); err != nil {
+				b.Fatal(err)
+			}
+		}
+		got += k
+	}
+}
+
 // BenchmarkStatx1024 checks 1,024 paths, half present, with a warm dentry
 // cache: io_uring STATX, io_uring OPENAT(O_PATH) into fixed slots with a
 // linked CLOSE, a plain unix.Statx loop, and a pool of goroutines.
@@ -79,18 +95,7 @@ func BenchmarkStatx1024(b *testing.B) {
 				s.PrepareStatx(unix.AT_FDCWD, &paths[i][0], 0, unix.STATX_SIZE, &stx[i])
 				s.UserData = uint64(i)
 			}
-			if _, err := r.SubmitAndWait(n, -1); err != nil {
-				b.Fatal(err)
-			}
-			for got := 0; got < n; {
-				k := r.Reap(cqes)
-				if k == 0 {
-					if _, err := r.SubmitAndWait(1, -1); err != nil {
-						b.Fatal(err)
-					}
-				}
-				got += k
-			}
+			submitAndReap(b, r, cqes, n)
 		}
 		report(b)
 	})
@@ -114,19 +119,7 @@ func BenchmarkStatx1024(b *testing.B) {
 				s.UserData = uint64(i) | 1<<63
 			}
 			// Present: one CQE (open). Missing: two (open ENOENT, close canceled).
-			want := n + n/2
-			if _, err := r.SubmitAndWait(uint32(want), -1); err != nil {
-				b.Fatal(err)
-			}
-			for got := 0; got < want; {
-				k := r.Reap(cqes)
-				if k == 0 {
-					if _, err := r.SubmitAndWait(1, -1); err != nil {
-						b.Fatal(err)
-					}
-				}
-				got += k
-			}
+			submitAndReap(b, r, cqes, n+n/2)
 		}
 		report(b)
 	})
