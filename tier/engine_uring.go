@@ -1,6 +1,7 @@
 package tier
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -84,6 +85,7 @@ type opState struct {
 	kinds    [stepsMax]stepKind
 	res      [stepsMax]int32
 	slotOpen bool   // the op's fixed-file slot holds a file
+	created  bool   // a store made directories, whose parents need a sync too (DurabilityFull)
 	retried  bool   // a store already re-created its directories once
 	resumes  uint8  // short-write resumptions so far
 	hdrDone  int32  // header bytes a store has written
@@ -228,6 +230,9 @@ func (b *uringBackend) bufIndex(buf []byte) int {
 // add prepares step kind k of op i, in order.
 func (b *uringBackend) add(i int32, k stepKind, flags uint8) *uring.SQE {
 	st := &b.st[i]
+	if st.steps == stepsMax {
+		panic("tier: an op's phase needs more than stepsMax SQEs (a layout with deeper directories?)")
+	}
 	s := b.sqe()
 	s.UserData = ud(i, int(st.steps))
 	s.Flags |= flags
@@ -287,10 +292,28 @@ func (b *uringBackend) prepare(i int32, o *op) {
 	case o.kind == OpStore && st.phase == phaseCleanup:
 		b.add(i, stepUnlink, 0).PrepareUnlinkat(b.nsFD, &m.tmp[0], 0)
 	case o.kind == OpStore && st.phase == phaseDirSync:
-		_ = append(b.t.store.Layout().AppendDir(m.dirs[:0], o.keyBytes()), 0)
-		b.add(i, stepOpen, uring.SQEIOLink|b.rw).PrepareOpenatDirect(b.nsFD, &m.dirs[0], unix.O_RDONLY|unix.O_DIRECTORY, 0, slot)
-		b.add(i, stepFsync, uring.SQEIOHardlink|uring.SQEFixedFile).PrepareFsync(int(slot), false)
-		b.add(i, stepClose, 0).PrepareCloseDirect(slot)
+		// The block's directory holds the new name; when the store
+		// created directories, each parent holds a new name too.
+		dirs := append(b.t.store.Layout().AppendDir(m.dirs[:0], o.keyBytes()), 0)
+		if st.created {
+			for k := len(dirs) - 2; k > 0; k-- {
+				if dirs[k] == '/' {
+					dirs = append(append(dirs, dirs[:k]...), 0)
+				}
+			}
+			dirs = append(dirs, '.', 0)
+		}
+		// One chain: OPENAT ─link─ FSYNC ─hardlink─ CLOSE ─link─ the next
+		// directory's OPENAT. The last CLOSE must not link: the SQE after
+		// it belongs to another op.
+		var last *uring.SQE
+		for start := 0; start < len(dirs); start += bytes.IndexByte(dirs[start:], 0) + 1 {
+			b.add(i, stepOpen, uring.SQEIOLink|b.rw).PrepareOpenatDirect(b.nsFD, &m.dirs[start], unix.O_RDONLY|unix.O_DIRECTORY, 0, slot)
+			b.add(i, stepFsync, uring.SQEIOHardlink|uring.SQEFixedFile).PrepareFsync(int(slot), false)
+			last = b.add(i, stepClose, uring.SQEIOLink)
+			last.PrepareCloseDirect(slot)
+		}
+		last.Flags &^= uring.SQEIOLink
 	default:
 		panic(fmt.Sprintf("tier: no phase %d for %v", st.phase, o.kind))
 	}
@@ -498,7 +521,12 @@ func (b *uringBackend) evaluateStore(i int32, o *op, finish func(Status, error))
 		return
 	case phaseDirSync:
 		if k, err := st.firstFailure(noShortCounts[:]); k >= 0 {
-			finish(StatusFailed, b.t.pathError(stepOps[st.kinds[k]], m.dirs[:], err.(syscall.Errno)))
+			// Steps come in threes, one directory each, in m.dirs order.
+			dir := m.dirs[:]
+			for range k / 3 {
+				dir = dir[bytes.IndexByte(dir, 0)+1:]
+			}
+			finish(StatusFailed, b.t.pathError(stepOps[st.kinds[k]], dir, err.(syscall.Errno)))
 			return
 		}
 		finish(StatusStored, nil)
@@ -516,6 +544,11 @@ func (b *uringBackend) evaluateStore(i int32, o *op, finish func(Status, error))
 		return
 	}
 	if k < 0 {
+		for k := range st.steps {
+			if st.kinds[k] == stepMkdir && st.res[k] == 0 {
+				st.created = true
+			}
+		}
 		b.rememberDir(i)
 		if b.t.opts.Durability == blockstore.DurabilityFull {
 			st.phase = phaseDirSync
