@@ -608,7 +608,7 @@ func TestOpenFailsCleanly(t *testing.T) {
 	var old unix.Rlimit
 	require.NoError(t, unix.Getrlimit(unix.RLIMIT_NOFILE, &old))
 	low := old
-	low.Cur = 1024
+	low.Cur = min(1024, old.Max)
 	require.NoError(t, unix.Setrlimit(unix.RLIMIT_NOFILE, &low))
 	t.Cleanup(func() { require.NoError(t, unix.Setrlimit(unix.RLIMIT_NOFILE, &old)) })
 
