@@ -473,7 +473,7 @@ func TestCloseWithWorkInFlight(t *testing.T) {
 		got := await(t, tr, reqs...)
 		for _, r := range got {
 			for _, k := range r.Keys {
-				assert.Contains(t, []Status{StatusFound, StatusMissing, StatusStored, StatusCanceled}, k.Status)
+				assert.Contains(t, []Status{StatusFound, StatusMissing, StatusStored, StatusCanceled}, k.Status, "%v: %v", r.Op, k.Err)
 			}
 		}
 		assert.Zero(t, tr.Poll(make([]Result, 4)), "more results than requests")

@@ -559,7 +559,7 @@ func (b *uringBackend) evaluateStore(i int32, o *op, finish func(Status, error))
 		return
 	}
 	kind := st.kinds[k]
-	if kind == stepOpen && err == syscall.ENOENT && !st.retried {
+	if kind == stepOpen && err == syscall.ENOENT && !st.retried && !o.canceled {
 		// The directory is missing (new, or removed under us): create it and try once more.
 		st.retried = true
 		b.forgetDir(i)

@@ -469,8 +469,15 @@ func (s *shard) finish(j int32, now time.Time) {
 			delete(s.lookups, o.hash)
 		}
 	}
-	if o.canceled && o.status == StatusFailed && isCanceled(o.err) {
-		o.status, o.err = StatusCanceled, ErrCanceled
+	if o.canceled && o.status == StatusFailed {
+		// Canceled (by Cancel or Close) and failed: the cancel is the
+		// likely cause (a canceled MKDIRAT makes the OPENAT after it fail
+		// with ENOENT); keep the errno for the curious.
+		if isCanceled(o.err) {
+			o.status, o.err = StatusCanceled, ErrCanceled
+		} else {
+			o.status, o.err = StatusCanceled, fmt.Errorf("%w: %w", ErrCanceled, o.err)
+		}
 	}
 	s.remember(o, now)
 	if o.probe {
