@@ -619,7 +619,9 @@ func (st *opState) progress() {
 
 func (b *uringBackend) rememberDir(i int32) {
 	b.dirKey = append(b.t.store.Layout().AppendDir(b.dirKey[:0], b.s.ops[i].keyBytes()), 0)
-	b.dirs[string(b.dirKey)] = struct{}{}
+	if _, known := b.dirs[string(b.dirKey)]; !known {
+		b.dirs[string(b.dirKey)] = struct{}{} // the one allocation, per new directory
+	}
 }
 
 func (b *uringBackend) forgetDir(i int32) {

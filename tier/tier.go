@@ -88,7 +88,6 @@ type request struct {
 	published  bool          // guarded by Tier.mu
 	held       int           // buffers still with the kernel; guarded by Tier.mu
 	heldPolled bool          // Poll returned the Result with Held > 0, so an OpRelease is owed; guarded by Tier.mu
-	inUse      bool          // guarded by Tier.mu
 	slot       int32
 }
 
@@ -266,7 +265,6 @@ func (t *Tier) submit(id uint64, op Op, prefixOnly bool, keys [][]byte, bufs [][
 	r := &t.reqs[slot]
 	r.slot = slot
 	r.gen.Add(1)
-	r.inUse = true
 	r.published = false
 	r.held = 0
 	r.heldPolled = false
@@ -442,7 +440,6 @@ func (t *Tier) Poll(dst []Result) int {
 func (t *Tier) freeSlot(slot int32) {
 	r := &t.reqs[slot]
 	delete(t.byID, r.id)
-	r.inUse = false
 	clear(r.bufs) // drop references to caller memory
 	t.free = append(t.free, slot)
 }

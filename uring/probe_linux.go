@@ -15,8 +15,7 @@ var RequiredOps = []Opcode{OpNop, OpStatx, OpOpenat, OpClose, OpRead, OpWrite, O
 
 // Probe reports which opcodes the kernel supports (IORING_REGISTER_PROBE).
 type Probe struct {
-	lastOp Opcode
-	ops    [probeOpsMax]bool
+	ops [probeOpsMax]bool
 }
 
 // Supports reports whether op is supported.
@@ -29,7 +28,7 @@ func (r *Ring) Probe() (*Probe, error) {
 	if err := r.register(registerProbe, unsafe.Pointer(&buf[0]), probeOpsMax); err != nil {
 		return nil, fmt.Errorf("uring: IORING_REGISTER_PROBE: %w", err)
 	}
-	p := &Probe{lastOp: Opcode(buf[0])}
+	p := &Probe{}
 	opsLen := int(buf[1])
 	for i := 0; i < opsLen; i++ {
 		op := buf[sizeofProbeHeader+i*sizeofProbeOp:]
