@@ -83,6 +83,7 @@ const (
 	OpOpenat      Opcode = 18 // IORING_OP_OPENAT
 	OpClose       Opcode = 19 // IORING_OP_CLOSE
 	OpStatx       Opcode = 21 // IORING_OP_STATX
+	OpOpenat2     Opcode = 28 // IORING_OP_OPENAT2
 	OpRead        Opcode = 22 // IORING_OP_READ
 	OpWrite       Opcode = 23 // IORING_OP_WRITE
 	OpRenameat    Opcode = 35 // IORING_OP_RENAMEAT
@@ -93,7 +94,7 @@ const (
 var opcodeNames = [...]string{
 	OpNop: "NOP", OpFsync: "FSYNC", OpReadFixed: "READ_FIXED", OpWriteFixed: "WRITE_FIXED",
 	OpAsyncCancel: "ASYNC_CANCEL", OpLinkTimeout: "LINK_TIMEOUT", OpOpenat: "OPENAT",
-	OpClose: "CLOSE", OpStatx: "STATX", OpRead: "READ", OpWrite: "WRITE",
+	OpClose: "CLOSE", OpStatx: "STATX", OpOpenat2: "OPENAT2", OpRead: "READ", OpWrite: "WRITE",
 	OpRenameat: "RENAMEAT", OpUnlinkat: "UNLINKAT", OpMkdirat: "MKDIRAT",
 }
 

@@ -87,6 +87,21 @@ func (s *SQE) PrepareOpenatDirect(dirfd int, path *byte, flags int, mode uint32,
 	s.FileIndex = slot + 1 // __io_uring_set_target_fixed_file: 0 means "no slot"
 }
 
+// PrepareOpenat2 prepares IORING_OP_OPENAT2 (io_uring_prep_openat2): an
+// openat2(2) whose how, with its RESOLVE_* flags, the kernel reads when the
+// operation runs, so it follows the memory rule like a path. The CQE's Res
+// is the new fd.
+func (s *SQE) PrepareOpenat2(dirfd int, path *byte, how *unix.OpenHow) {
+	s.prepRW(OpOpenat2, int32(dirfd), ptrAddr(path), unix.SizeofOpenHow, uint64(ptrAddr(how)))
+}
+
+// PrepareOpenat2Direct prepares IORING_OP_OPENAT2 into fixed-file slot
+// (io_uring_prep_openat2_direct); the CQE's Res is 0 on success.
+func (s *SQE) PrepareOpenat2Direct(dirfd int, path *byte, how *unix.OpenHow, slot uint32) {
+	s.PrepareOpenat2(dirfd, path, how)
+	s.FileIndex = slot + 1
+}
+
 // PrepareClose prepares IORING_OP_CLOSE of a plain fd.
 func (s *SQE) PrepareClose(fd int) {
 	s.prepRW(OpClose, int32(fd), 0, 0, 0)

@@ -602,3 +602,48 @@ func TestKernelWritesAfterGC(t *testing.T) {
 	assert.Equal(t, "after gc", string(buf[:8]))
 	runtime.KeepAlive(buf)
 }
+
+// TestOpenat2Resolve checks what the tier relies on: OPENAT2 with
+// RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS refuses a symlink anywhere in the path
+// (ELOOP) and a path out of the directory (EXDEV), opens a FIFO with
+// O_NONBLOCK without waiting for a writer, and a READ of that FIFO returns
+// 0 (end of file: no writer) at once instead of blocking.
+func TestOpenat2Resolve(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "f"), []byte("data"))
+	require.NoError(t, os.Symlink("f", filepath.Join(dir, "link")))
+	require.NoError(t, os.Mkdir(filepath.Join(dir, "sub"), 0o755))
+	require.NoError(t, os.Symlink("..", filepath.Join(dir, "sub", "up")))
+	require.NoError(t, unix.Mkfifo(filepath.Join(dir, "fifo"), 0o644))
+	dfd, err := unix.Open(dir, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer unix.Close(dfd)
+	r := newRing(t, 16, Options{})
+	require.NoError(t, r.RegisterFilesSparse(4))
+
+	how := &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_NONBLOCK, Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS}
+	paths := []string{"f", "link", "sub/up/f", "../x", "fifo"}
+	for i, p := range paths {
+		s := getSQE(t, r)
+		s.PrepareOpenat2Direct(dfd, cstr(p), how, uint32(i%4))
+		s.UserData = uint64(i)
+		got := run(t, r, 1)[uint64(i)]
+		switch p {
+		case "f", "fifo":
+			require.NoError(t, got.Err(), p)
+		case "link", "sub/up/f":
+			require.ErrorIs(t, got.Err(), syscall.ELOOP, p)
+		case "../x":
+			require.ErrorIs(t, got.Err(), syscall.EXDEV, p)
+		}
+	}
+	// The FIFO is in slot 0 (index 4).
+	buf := make([]byte, 64)
+	s := getSQE(t, r)
+	s.PrepareRead(0, buf, 4096)
+	s.Flags |= SQEFixedFile
+	s.UserData = 9
+	c := run(t, r, 1)[9]
+	require.NoError(t, c.Err())
+	require.Equal(t, int32(0), c.Res)
+}
