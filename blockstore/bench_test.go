@@ -36,7 +36,7 @@ func BenchmarkCheck(b *testing.B) {
 	b.SetBytes(benchBlockSize)
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := CheckBlock(key, hdr, payload); err != nil {
+		if err := CheckBlock(key, hdr, payload, HeaderSize+int64(len(payload))); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -136,16 +136,32 @@ func DecodeHeader(hdr []byte) (Header, error) {
 	return h, nil
 }
 
-// CheckBlock verifies a block read from disk: hdr is its first HeaderSize
-// bytes and payload is exactly the bytes read from offset HeaderSize (so a
-// short read shows up as a size mismatch). It checks the header, that the
-// header's key is key (a misplaced or renamed file) and the payload's size
-// and CRC32C. The caller checks the file size separately against
-// Header.FileSize if it knows it. It does not allocate on success.
-func CheckBlock(key, hdr, payload []byte) error {
+// CheckBlock is the one rule for a valid block file, which every reader
+// applies (Get, Verify, and both of the tier's engines): its first
+// HeaderSize bytes are a valid header naming key, the file is exactly
+// HeaderSize+PayloadSize bytes long (a truncated file and one with bytes
+// appended are both corrupt), and the payload matches its size and CRC32C.
+// hdr is what was read at offset 0 (a short file gives fewer than
+// HeaderSize bytes), payload exactly the bytes read from offset HeaderSize,
+// and size the file's length; a reader that learns the length by reading
+// rather than fstat passes what it found (any size past HeaderSize+len(payload)
+// when bytes follow the payload). Every failure wraps ErrCorrupt. It does
+// not allocate on success.
+func CheckBlock(key, hdr, payload []byte, size int64) error {
+	if len(hdr) < HeaderSize || size < HeaderSize {
+		return fmt.Errorf("%w: file is %d bytes, shorter than the %d-byte header", ErrCorrupt, min(size, int64(len(hdr))), HeaderSize)
+	}
 	h, err := DecodeHeader(hdr)
 	if err != nil {
 		return err
+	}
+	return h.checkFile(key, payload, size)
+}
+
+// checkFile is CheckBlock after the header has been decoded.
+func (h Header) checkFile(key, payload []byte, size int64) error {
+	if size != h.FileSize() {
+		return fmt.Errorf("%w: file is %d bytes, header says %d", ErrCorrupt, size, h.FileSize())
 	}
 	return h.check(key, payload)
 }

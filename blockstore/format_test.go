@@ -49,7 +49,7 @@ func TestHeaderRoundTrip(t *testing.T) {
 				assert.Equal(t, int64(n), h.PayloadSize)
 				assert.Equal(t, Checksum(payload), h.PayloadCRC)
 				assert.Equal(t, int64(HeaderSize+n), h.FileSize())
-				require.NoError(t, CheckBlock(key, hdr, payload))
+				require.NoError(t, CheckBlock(key, hdr, payload, HeaderSize+int64(len(payload))))
 			})
 		}
 	}
@@ -75,7 +75,7 @@ func TestHeaderCorruption(t *testing.T) {
 		{"key-size-short", offKeySize, 0x20 ^ 0x07, true, "key size is 7"},
 		{"key-size-long", offKeySize + 1, 0x01, true, "key size is 288"},
 		{"payload-size", offPayloadSize, 0x01, false, "header checksum"},
-		{"payload-size-fixed", offPayloadSize, 0x01, true, "payload is 1000 bytes, header says 1001"},
+		{"payload-size-fixed", offPayloadSize, 0x01, true, "file is 5096 bytes, header says 5097"},
 		{"payload-size-huge", offPayloadSize + 7, 0x01, true, "payload size is"},
 		{"payload-crc", offPayloadCRC, 0x01, false, "header checksum"},
 		{"payload-crc-fixed", offPayloadCRC + 3, 0x80, true, "payload checksum"},
@@ -94,7 +94,7 @@ func TestHeaderCorruption(t *testing.T) {
 			if c.fix {
 				binary.LittleEndian.PutUint32(hdr[offHeaderCRC:], Checksum(hdr[:offHeaderCRC]))
 			}
-			err := CheckBlock(key, hdr, payload)
+			err := CheckBlock(key, hdr, payload, HeaderSize+int64(len(payload)))
 			require.ErrorIs(t, err, ErrCorrupt)
 			assert.Contains(t, err.Error(), c.want)
 		})
@@ -105,7 +105,7 @@ func TestHeaderCorruption(t *testing.T) {
 		for i := range payload {
 			p := append([]byte(nil), payload...)
 			p[i] ^= 1 << (i % 8)
-			err := CheckBlock(key, hdr, p)
+			err := CheckBlock(key, hdr, p, HeaderSize+int64(len(p)))
 			require.ErrorIs(t, err, ErrCorrupt, "byte %d", i)
 			require.Contains(t, err.Error(), "payload checksum")
 		}
@@ -120,14 +120,28 @@ func TestHeaderCorruption(t *testing.T) {
 	t.Run("truncated-payload", func(t *testing.T) {
 		hdr := make([]byte, HeaderSize)
 		EncodeHeader(hdr, key, payload)
-		err := CheckBlock(key, hdr, payload[:999])
+		err := CheckBlock(key, hdr, payload[:999], HeaderSize+999)
 		require.ErrorIs(t, err, ErrCorrupt)
-		assert.Contains(t, err.Error(), "payload is 999 bytes")
+		assert.Contains(t, err.Error(), fmt.Sprintf("file is %d bytes, header says %d", HeaderSize+999, HeaderSize+len(payload)))
+	})
+	t.Run("appended", func(t *testing.T) {
+		hdr := make([]byte, HeaderSize)
+		EncodeHeader(hdr, key, payload)
+		err := CheckBlock(key, hdr, payload, HeaderSize+int64(len(payload))+1)
+		require.ErrorIs(t, err, ErrCorrupt)
+		assert.Contains(t, err.Error(), fmt.Sprintf("file is %d bytes, header says %d", HeaderSize+len(payload)+1, HeaderSize+len(payload)))
+	})
+	t.Run("short-file", func(t *testing.T) {
+		hdr := make([]byte, HeaderSize)
+		EncodeHeader(hdr, key, payload)
+		err := CheckBlock(key, hdr[:100], nil, 100)
+		require.ErrorIs(t, err, ErrCorrupt)
+		assert.Contains(t, err.Error(), "file is 100 bytes, shorter than the 4096-byte header")
 	})
 	t.Run("other-key", func(t *testing.T) {
 		hdr := make([]byte, HeaderSize)
 		EncodeHeader(hdr, key, payload)
-		err := CheckBlock(testKey(8, 32), hdr, payload)
+		err := CheckBlock(testKey(8, 32), hdr, payload, HeaderSize+int64(len(payload)))
 		require.ErrorIs(t, err, ErrCorrupt)
 		assert.Contains(t, err.Error(), "key is")
 	})
@@ -154,7 +168,7 @@ func TestFormatNoAllocs(t *testing.T) {
 	path := make([]byte, 0, 256)
 	allocs := testing.AllocsPerRun(100, func() {
 		EncodeHeader(hdr, key, payload)
-		if err := CheckBlock(key, hdr, payload); err != nil {
+		if err := CheckBlock(key, hdr, payload, HeaderSize+int64(len(payload))); err != nil {
 			panic(err)
 		}
 		if _, err := DecodeHeader(hdr); err != nil {

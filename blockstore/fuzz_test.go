@@ -46,7 +46,7 @@ func FuzzDecodeHeader(f *testing.F) {
 		if !bytes.Equal(again, hdr[:HeaderSize]) {
 			t.Fatalf("header does not re-encode identically")
 		}
-		if err := CheckBlock(h.Key, hdr, payload); err == nil &&
+		if err := CheckBlock(h.Key, hdr, payload, HeaderSize+int64(len(payload))); err == nil &&
 			(int64(len(payload)) != h.PayloadSize || Checksum(payload) != h.PayloadCRC) {
 			t.Fatalf("CheckBlock accepted a payload that does not match its header")
 		}

@@ -23,9 +23,9 @@ func (t *Tier) allocBuffers() error {
 	return nil
 }
 
-// freeBuffers unmaps the buffers unless the kernel may still use them.
-func (t *Tier) freeBuffers(leak bool) {
-	if t.bufMem != nil && !leak {
+// freeBuffers unmaps the buffers, once no kernel operation can use them.
+func (t *Tier) freeBuffers() {
+	if t.bufMem != nil {
 		uring.FreeBuffer(t.bufMem)
 		t.bufMem, t.buffers = nil, nil
 	}

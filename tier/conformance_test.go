@@ -248,9 +248,10 @@ func blockFile(tr *Tier, i int) string {
 func TestLoadCorrupt(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, kind EngineKind) {
 		tr := openTier(t, kind, t.TempDir(), nil)
-		put(t, tr, 0, 1, 2, 3, 4)
+		put(t, tr, 0, 1, 2, 3, 4, 6)
 		// 0: a payload byte flipped; 1: truncated; 2: a header byte
-		// flipped; 3: shorter than its header; 4: another key's block.
+		// flipped; 3: shorter than its header; 4: another key's block;
+		// 6 (loaded as the sixth key): one byte appended.
 		flip := func(path string, off int64) {
 			f, err := os.OpenFile(path, os.O_RDWR, 0)
 			require.NoError(t, err)
@@ -270,26 +271,38 @@ func TestLoadCorrupt(t *testing.T) {
 		put(t, tr, 5)
 		require.NoError(t, os.Rename(blockFile(tr, 5), blockFile(tr, 4)))
 		require.NoError(t, os.Remove(blockFile(tr, 0)+".x"))
+		f, err := os.OpenFile(blockFile(tr, 6), os.O_WRONLY|os.O_APPEND, 0)
+		require.NoError(t, err)
+		_, err = f.Write([]byte{0})
+		require.NoError(t, err)
+		require.NoError(t, f.Close())
+		// The one rule: blockstore.Get calls each of them corrupt too.
+		for _, i := range []int{0, 1, 2, 3, 4, 6} {
+			_, err := tr.BlockStore().Get(tr.Namespace(), testKey(i), make([]byte, testBlockSize))
+			require.ErrorIs(t, err, blockstore.ErrCorrupt, "Get of block %d", i)
+		}
 
-		bufs := make([][]byte, 5)
+		bufs := make([][]byte, 6)
 		for i := range bufs {
 			bufs[i] = make([]byte, testBlockSize)
 		}
-		require.NoError(t, tr.Load(1, testKeys(0, 1, 2, 3, 4), bufs))
+		require.NoError(t, tr.Load(1, testKeys(0, 1, 2, 3, 4, 6), bufs))
 		r := await(t, tr, 1)[1]
 		for i, k := range r.Keys {
 			assert.Equal(t, StatusCorrupt, k.Status, "key %d", i)
 			assert.ErrorIs(t, k.Err, blockstore.ErrCorrupt, "key %d", i)
 		}
+		const fileSize = blockstore.HeaderSize + testBlockSize
 		assert.Contains(t, r.Keys[0].Err.Error(), "checksum")
-		assert.Contains(t, r.Keys[1].Err.Error(), "truncated")
+		assert.Contains(t, r.Keys[1].Err.Error(), fmt.Sprintf("file is %d bytes, header says %d", blockstore.HeaderSize+10, fileSize))
 		assert.Contains(t, r.Keys[3].Err.Error(), "shorter than")
+		assert.Contains(t, r.Keys[5].Err.Error(), fmt.Sprintf("file is %d bytes, header says %d", fileSize+1, fileSize))
 		// Quarantined: the next lookup misses, and the files are kept aside.
-		require.NoError(t, tr.Lookup(2, testKeys(0, 1, 2, 3, 4)))
-		assert.Equal(t, []Status{StatusMissing, StatusMissing, StatusMissing, StatusMissing, StatusMissing}, statuses(await(t, tr, 2)[2]))
+		require.NoError(t, tr.Lookup(2, testKeys(0, 1, 2, 3, 4, 6)))
+		assert.Equal(t, []Status{StatusMissing, StatusMissing, StatusMissing, StatusMissing, StatusMissing, StatusMissing}, statuses(await(t, tr, 2)[2]))
 		q, err := os.ReadDir(tr.qDir)
 		require.NoError(t, err)
-		assert.Len(t, q, 5)
+		assert.Len(t, q, 6)
 	})
 }
 

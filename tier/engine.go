@@ -18,28 +18,20 @@ import (
 // What both engines share: judging what the kernel returned, and the
 // memory and directories around it.
 
-// loadOutcome judges a load from what its reads returned: hdrN header
-// bytes into hdr, payN payload bytes into payload. quarantine says whether
-// a corrupt file should be moved aside (a valid block of another size is
-// someone else's, not damaged).
-func loadOutcome(key, hdr, payload []byte, hdrN, payN int) (st Status, quarantine bool, err error) {
-	if hdrN < blockstore.HeaderSize {
-		return StatusCorrupt, true, fmt.Errorf("%w: file holds %d bytes, shorter than the %d-byte header", blockstore.ErrCorrupt, hdrN, blockstore.HeaderSize)
+// loadOutcome judges a load by blockstore's one rule for a valid file:
+// hdr and payload hold what was read at offsets 0 and HeaderSize, size is
+// the file's length and blockSize the tier's. quarantine says whether the
+// file should be moved aside: a valid block of another size is someone
+// else's, not damaged.
+func loadOutcome(key, hdr, payload []byte, size int64, blockSize int) (st Status, quarantine bool, err error) {
+	err = blockstore.CheckBlock(key, hdr, payload, size)
+	if err == nil {
+		return StatusLoaded, false, nil
 	}
-	h, err := blockstore.DecodeHeader(hdr)
-	if err != nil {
-		return StatusCorrupt, true, err
+	if h, herr := blockstore.DecodeHeader(hdr); herr == nil && h.PayloadSize != int64(blockSize) {
+		return StatusCorrupt, false, fmt.Errorf("%w: payload is %d bytes, the tier's block size is %d", blockstore.ErrCorrupt, h.PayloadSize, blockSize)
 	}
-	if h.PayloadSize != int64(len(payload)) {
-		return StatusCorrupt, false, fmt.Errorf("%w: payload is %d bytes, the tier's block size is %d", blockstore.ErrCorrupt, h.PayloadSize, len(payload))
-	}
-	if payN < len(payload) {
-		return StatusCorrupt, true, fmt.Errorf("%w: truncated: %d of %d payload bytes", blockstore.ErrCorrupt, payN, len(payload))
-	}
-	if err := blockstore.CheckBlock(key, hdr, payload); err != nil {
-		return StatusCorrupt, true, err
-	}
-	return StatusLoaded, false, nil
+	return StatusCorrupt, true, err
 }
 
 // pathError wraps errno for path rel under the namespace directory, once,

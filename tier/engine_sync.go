@@ -88,14 +88,8 @@ func (b *syncBackend) wait(d time.Duration, done []int32) []int32 {
 	}
 }
 
-func (b *syncBackend) close(leak bool) {
+func (b *syncBackend) close() {
 	close(b.work)
-	if leak {
-		// Workers stuck in the filesystem still use the directory fd:
-		// the last one out closes it.
-		go func() { b.wg.Wait(); unix.Close(b.nsFD) }()
-		return
-	}
 	b.wg.Wait()
 	unix.Close(b.nsFD)
 }
@@ -155,17 +149,21 @@ func (b *syncBackend) load(path, hdr []byte, o *op) (Status, error) {
 		return StatusFailed, b.t.pathError("openat", path, errno)
 	}
 	defer unix.Close(int(fd))
+	var stat unix.Stat_t
+	if err := unix.Fstat(int(fd), &stat); err != nil {
+		return StatusFailed, b.t.pathError("fstat", path, err.(syscall.Errno))
+	}
 	hdrN, err := preadFull(int(fd), hdr, 0)
 	if err != nil {
 		return StatusFailed, b.t.pathError("read", path, err.(syscall.Errno))
 	}
 	payN := 0
-	if hdrN == len(hdr) {
+	if hdrN == len(hdr) && stat.Size == int64(len(hdr)+len(o.buf)) {
 		if payN, err = preadFull(int(fd), o.buf, int64(len(hdr))); err != nil {
 			return StatusFailed, b.t.pathError("read", path, err.(syscall.Errno))
 		}
 	}
-	st, quarantine, err := loadOutcome(o.keyBytes(), hdr, o.buf, hdrN, payN)
+	st, quarantine, err := loadOutcome(o.keyBytes(), hdr[:hdrN], o.buf[:payN], stat.Size, len(o.buf))
 	if quarantine {
 		q := b.t.quarantinePath(nil, o.keyBytes())
 		_ = unix.Renameat(b.nsFD, string(trimNUL(path)), unix.AT_FDCWD, string(trimNUL(q)))

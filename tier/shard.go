@@ -23,9 +23,8 @@ type backend interface {
 	cancel(i int32, o *op)
 	// wake ends a wait; safe from any goroutine.
 	wake()
-	// close releases the backend. With leak, ops are still in the kernel:
-	// their memory must stay valid forever.
-	close(leak bool)
+	// close releases the backend, once no op is in flight.
+	close()
 }
 
 // op is one key operation in flight. Owner-only, except the outcome,
@@ -79,6 +78,7 @@ type shard struct {
 	cancels  []canceled
 	stopping bool // Close called: finish or cancel what is in flight
 	abandon  bool // Close's deadline passed: give up on the kernel
+	beClosed bool // the backend is closed: nothing may wake it
 
 	work        []*request // requests with keys this shard has not started
 	ops         []op
@@ -148,8 +148,10 @@ func (s *shard) stop() {
 	}
 	s.mu.Lock()
 	s.stopping = true
+	if !s.beClosed {
+		s.be.wake()
+	}
 	s.mu.Unlock()
-	s.be.wake()
 }
 
 // giveUp tells an owner still waiting for the kernel at Close's deadline
@@ -163,14 +165,16 @@ func (s *shard) giveUp() {
 	}
 	s.mu.Lock()
 	s.abandon = true
+	if !s.beClosed {
+		s.be.wake()
+	}
 	s.mu.Unlock()
-	s.be.wake()
 }
 
 // loop is the owner's life: take new work, start what fits, expire
-// deadlines, wait for completions.
+// deadlines, wait for completions; after Close, drain what the kernel
+// still holds and release the backend.
 func (s *shard) loop() {
-	defer close(s.exited)
 	for {
 		now := time.Now()
 		abandon := s.intake()
@@ -188,14 +192,42 @@ func (s *shard) loop() {
 			d = min(d, 20*time.Millisecond)
 		}
 		s.done = s.be.wait(max(d, 0), s.done[:0])
-		if len(s.done) > 0 {
-			now = time.Now()
-			for _, i := range s.done {
-				s.finish(i, now)
-			}
+		s.finishDone()
+	}
+	if s.inUse > 0 {
+		// Close has given up on these (their keys are answered): it may
+		// return now, and this owner waits for the kernel to let go of them
+		// before it releases the ring, the descriptors and the buffers.
+		s.t.draining.Add(1)
+		close(s.exited)
+		for s.inUse > 0 {
+			s.done = s.be.wait(time.Second, s.done[:0])
+			s.finishDone()
+		}
+		s.closeBackend()
+		s.t.drained()
+		return
+	}
+	s.closeBackend()
+	close(s.exited)
+}
+
+func (s *shard) finishDone() {
+	if len(s.done) > 0 {
+		now := time.Now()
+		for _, i := range s.done {
+			s.finish(i, now)
 		}
 	}
-	s.be.close(s.stuckAtExit > 0)
+}
+
+// closeBackend closes the backend, under mu so that no stop or giveUp
+// wakes it afterwards.
+func (s *shard) closeBackend() {
+	s.mu.Lock()
+	s.beClosed = true
+	s.be.close()
+	s.mu.Unlock()
 }
 
 // intake moves new requests and cancels from the inbox, and reports whether
@@ -549,6 +581,12 @@ func (s *shard) abandonAll() {
 			continue
 		}
 		s.stuckAtExit++
+		if !o.abandoned {
+			// finish releases its buffer when the kernel answers.
+			o.abandoned = true
+			s.stuck++
+			s.stuckN.Store(int64(s.stuck))
+		}
 		for _, w := range o.waiters {
 			if o.buf != nil {
 				s.t.hold(w.r)

@@ -43,6 +43,7 @@ type Tier struct {
 
 	stats      statsCounters // atomic; see stats.go
 	cacheEpoch atomic.Uint64 // bumped to empty every shard's lookup cache
+	draining   atomic.Int32  // Close, and owners still waiting for the kernel after it: the last frees the buffers
 }
 
 type doneEntry struct {
@@ -358,6 +359,14 @@ func (t *Tier) settle(r *request) {
 	}
 }
 
+// drained lets go of one reference in draining; the last frees the
+// buffers, which no kernel operation can use any more.
+func (t *Tier) drained() {
+	if t.draining.Add(-1) == 0 {
+		t.freeBuffers()
+	}
+}
+
 func (t *Tier) publish(r *request) {
 	t.mu.Lock()
 	r.published = true
@@ -472,9 +481,11 @@ func (t *Tier) Cancel(req uint64) bool {
 // engine's rings and goroutines are gone, or at ctx's deadline with an
 // error wrapping ErrStuck that counts the operations a hung filesystem
 // still holds (their keys end StatusCanceled). The buffers of such loads
-// and stores stay with the kernel for good: their Results count them in
-// Held and no OpRelease follows. A second Close returns the first one's
-// result.
+// and stores stay with the kernel until it lets go of them: their Results
+// count them in Held, and an OpRelease follows for each once it does (Poll
+// works after Close). The engine's owners wait for those operations in the
+// background and release rings, descriptors and buffers after the last. A
+// second Close returns the first one's result.
 func (t *Tier) Close(ctx context.Context) error {
 	t.mu.Lock()
 	if t.closed {
@@ -485,6 +496,7 @@ func (t *Tier) Close(ctx context.Context) error {
 	t.closed = true
 	t.mu.Unlock()
 	t.calls.Wait() // no submit or cancel is half-way to a shard
+	t.draining.Add(1)
 
 	for _, s := range t.shards {
 		s.stop()
@@ -506,7 +518,7 @@ func (t *Tier) Close(ctx context.Context) error {
 	if stuck > 0 {
 		t.closeErr = fmt.Errorf("tier: close: %w: %d operations still held by the filesystem", ErrStuck, stuck)
 	}
-	t.freeBuffers(stuck > 0)
+	t.drained()
 	close(t.closeCh)
 	return t.closeErr
 }
