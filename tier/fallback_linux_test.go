@@ -35,6 +35,9 @@ var conformanceSuite = []struct {
 	{"TestCloseWithWorkInFlight", TestCloseWithWorkInFlight},
 	{"TestModel", TestModel},
 	{"TestSubmitPollDoesNotAllocate", TestSubmitPollDoesNotAllocate},
+	{"TestBurstLoadBiggerThanSQ", TestBurstLoadBiggerThanSQ},
+	{"TestBurstStoresIntoNewDirectories", TestBurstStoresIntoNewDirectories},
+	{"TestBlocksSpanManyChunks", TestBlocksSpanManyChunks},
 }
 
 // notInConformanceSuite is every other test of this package, with the reason it stays out.
@@ -43,6 +46,7 @@ var notInConformanceSuite = map[string]string{
 	"TestEngineEnvOverridesAuto":    "it asks for io_uring through URINGTIER_ENGINE=uring, which must fail without it; linux_test.TestNoIOURing checks that failure",
 	"TestConformanceWithoutIOURing": "it is the test that runs the suite in the child",
 	"TestConformanceSuiteComplete":  "it checks the list, not the tier",
+	"TestHugeBlock":                 "it moves 2 GiB through each engine; the sync engine it would run in the child is the same code as here",
 }
 
 // TestConformanceWithoutIOURing runs the conformance suite in a child process of this test binary
