@@ -216,4 +216,3 @@ func hugeBuffer(t *testing.T, size int) []byte {
 	unix.Madvise(b, unix.MADV_HUGEPAGE) // fewer page faults, where the kernel obliges
 	return b
 }
-
