@@ -1,0 +1,651 @@
+package blockstore
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// The block protocol as data. What a lookup, load or store does on disk —
+// which system calls, on which paths and buffers, linked how, and what
+// their results mean — is written once, here, as a Program: a short list
+// of Steps per phase, and a judgement (Program.Judge) of their results
+// that either decides the outcome or lays out the next phase. An engine
+// only executes steps: RunSync with plain system calls (Put, Get and the
+// tier's sync engine), the tier's io_uring engine with one SQE per step.
+// So both engines follow the same protocol by construction, and the
+// protocol can be tested without a kernel by filling in results.
+//
+// Links mirror io_uring's: after a step linked LinkOnSuccess fails (a
+// negative result, or a read or write that moved less than it asked), the
+// rest of its chain does not run and each such step's result is
+// -ECANCELED; a step linked LinkAlways lets the chain go on whatever it
+// returned. A phase is one chain or several; its last step is LinkNone.
+//
+//	lookup: STATX (no symlink followed; a regular file is a block)
+//	load:   OPEN ─ READ past the block's end ═ READ header ═ READ payload ─ … ─ CLOSE
+//	        then for a short read: READ the rest ─ … ─ CLOSE; for a corrupt block: RENAME into quarantine
+//	store:  [MKDIR ═ …] OPEN tmp (O_CREAT|O_EXCL) ─ WRITE header ─ WRITE payload ─ … [─ FSYNC] ─ CLOSE ─ RENAME tmp → block
+//	        then for a short write: WRITE the rest ─ … ─ CLOSE ─ RENAME; on failure: UNLINK tmp;
+//	        for DurabilityFull: OPEN dir ─ FSYNC ═ CLOSE for the block's directory (and its parents if created)
+//	(─ LinkOnSuccess, ═ LinkAlways)
+//
+// The READ past the block's end finds nothing in a valid block file: it is
+// how a reader that does not fstat learns that bytes were appended. The
+// store's RENAME is linked behind every write, the FSYNC and the CLOSE
+// (which on NFS reports deferred write errors), so a failed store never
+// creates or replaces a block. Opens resolve beneath the namespace
+// directory without following any symlink, and loads open with O_NONBLOCK,
+// so a FIFO at a block path reads as empty instead of blocking.
+
+// Op is what a Program does.
+type Op uint8
+
+// Operations.
+const (
+	OpLookup Op = iota // is there a block for the key
+	OpLoad             // read and verify the block into the buffer
+	OpStore            // publish the buffer as the block
+)
+
+// StepOp is a step's system call.
+type StepOp uint8
+
+// Step operations: each is one system call, and one io_uring opcode.
+const (
+	StepStatx  StepOp = iota // statx(dir, Path, AT_SYMLINK_NOFOLLOW|AT_STATX_DONT_SYNC, TYPE|SIZE, &Stx)
+	StepOpen                 // openat2(dir, Path, How): the program's file
+	StepRead                 // pread(file, Buf, Off)
+	StepWrite                // pwrite(file, Buf, Off)
+	StepFsync                // fdatasync(file), or fsync for a directory
+	StepClose                // close(file)
+	StepMkdir                // mkdirat(dir, Path, 0755)
+	StepRename               // renameat(dir, Path, dir or AT_FDCWD when Abs2, Path2)
+	StepUnlink               // unlinkat(dir, Path, 0)
+)
+
+var stepOpNames = [...]string{"statx", "openat", "read", "write", "fsync", "close", "mkdirat", "renameat", "unlinkat"}
+
+// String returns the system call's name, as errors name it.
+func (o StepOp) String() string { return stepOpNames[o] }
+
+// Link says whether the step after this one runs.
+type Link uint8
+
+// Links (IOSQE_IO_LINK and IOSQE_IO_HARDLINK, io_uring_enter(2)).
+const (
+	LinkNone      Link = iota // the chain ends here
+	LinkOnSuccess             // the next step runs only if this one succeeded in full
+	LinkAlways                // the next step runs whatever this one returned
+)
+
+// role is what a step's result means to the judgement.
+type role uint8
+
+const (
+	roleLookup role = iota
+	roleOpen
+	roleTail // a read past the end of a block of the expected size
+	roleHeader
+	rolePayload
+	roleDirSync // fsync of a directory: Path names it
+	roleSync
+	roleClose
+	roleMkdir
+	rolePublish
+	roleQuarantine
+	roleUnlink
+)
+
+// Step is one system call of a program's phase. The executor fills Res;
+// everything else is the protocol's.
+type Step struct {
+	Op    StepOp
+	Link  Link
+	Path  *byte         // NUL-terminated, relative to the namespace directory, in the program's memory
+	Path2 *byte         // a rename's target
+	Abs2  bool          // Path2 is absolute: renameat's new directory is AT_FDCWD
+	How   *unix.OpenHow // an open's flags, mode and RESOLVE_* flags
+	Buf   []byte        // a read's or write's memory
+	Off   int64         // a read's or write's file offset
+	Res   int32         // the result: what the system call returned, or -errno
+	role  role
+	dir   uint16 // a MKDIR's or directory FSYNC's path: its offset in the program's dirs
+}
+
+// Failed reports whether the step did not succeed in full: an error, or
+// a read or write that moved less than it asked. It is when LinkOnSuccess
+// stops a chain.
+func (s *Step) Failed() bool {
+	return s.Res < 0 || (s.Op == StepRead || s.Op == StepWrite) && int(s.Res) < len(s.Buf)
+}
+
+// Status is a program's outcome.
+type Status uint8
+
+// Outcomes.
+const (
+	StatusPending Status = iota
+	StatusFound          // lookup: a regular file is at the block's path
+	StatusMissing        // lookup or load: no block
+	StatusLoaded         // load: Buf holds the verified payload
+	StatusStored         // store: the block is published
+	StatusCorrupt        // load: the file is not a valid block of this key and size
+	StatusFailed         // the filesystem failed an operation; Err says which
+)
+
+// Limits of a program.
+const (
+	StepsMax  = 16 // steps in one phase
+	ChunksMax = 4  // payload reads or writes in one phase
+	PathMax   = 256
+)
+
+// RWMax is the most bytes one read or write asks for: the kernel moves at
+// most MAX_RW_COUNT (INT_MAX rounded down to a page, include/linux/fs.h)
+// per call and reports a short count past it. A variable so that tests can
+// make small blocks span many chunks and phases.
+var RWMax = 0x7ffff000
+
+// ResolveBeneath keeps every open inside the namespace directory and off
+// symlinks (openat2(2)): in a directory shared by tenants, a planted link
+// must not make a reader or writer touch someone else's file.
+const ResolveBeneath = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS
+
+type phase uint8
+
+const (
+	phaseMain phase = iota
+	phaseResume
+	phaseQuarantine
+	phaseCleanup
+	phaseDirSync
+	phaseClose // decided, but the file is still open: close it first
+)
+
+// DirCache remembers which of a namespace's directories exist, so a store
+// issues MKDIRs only for directories it has not seen. Keys are directory
+// paths relative to the namespace directory. The io_uring engine's owner
+// keeps a plain map; Store keeps one behind a lock.
+type DirCache interface {
+	Known(dir []byte) bool
+	Remember(dir []byte)
+	Forget(dir []byte)
+}
+
+// Program is one block operation in flight: its memory (paths, header,
+// open flags, statx buffer) and its current phase's steps. Once a step is
+// with the kernel, the program must not move or be reused until that
+// step's result is in: keep programs in a slice allocated once.
+type Program struct {
+	Op       Op
+	Steps    [StepsMax]Step
+	N        int    // steps in the current phase
+	Status   Status // the outcome, once Judge returns true
+	Err      error  // why, for StatusCorrupt and StatusFailed
+	Canceled bool   // the caller gave up: no retry, no resume
+	Stx      unix.Statx_t
+	How      unix.OpenHow
+	Key      [KeySizeMax]byte
+	KeyLen   uint8
+
+	cfg      *Config
+	buf      []byte // the payload
+	hdr      []byte // HeaderSize bytes, aligned where O_DIRECT is used
+	direct   bool
+	phase    phase
+	fileOpen bool
+	created  bool  // a store made directories (their parents need a sync for DurabilityFull)
+	retried  bool  // a store already recreated its directories once
+	eof      bool  // a load's read met the end of the file
+	tail     int32 // bytes a load found past the end of a block of the expected size
+	hdrDone  int64
+	payDone  int64
+	cause    error
+	fd       int           // the file, for RunSync
+	path     [PathMax]byte // the block, NUL-terminated
+	tmp      [PathMax]byte // a store's temporary file
+	dirs     [PathMax]byte // directories to create or sync, each NUL-terminated
+	qpath    [PathMax + 64]byte
+}
+
+// Config is what every program of one namespace shares. Immutable once
+// programs use it.
+type Config struct {
+	Layout       Layout
+	Durability   Durability
+	Dir          string   // the namespace directory, absolute: errors name paths under it
+	Quarantine   string   // where corrupt blocks go, absolute; "" leaves them in place
+	Namespace    string   // names quarantined files
+	Dirs         DirCache // directories known to exist
+	LookupByOpen bool     // lookups open the path with O_PATH (and close it) instead of statx
+}
+
+// Key returns the program's key.
+func (p *Program) KeyBytes() []byte { return p.Key[:p.KeyLen] }
+
+// Start lays out the first phase of op on key. buf is the payload of a
+// load or store (the caller's memory, kept until the program is decided);
+// hdr is HeaderSize bytes of the program's own, aligned for O_DIRECT;
+// direct asks loads to bypass the page cache.
+func (p *Program) Start(cfg *Config, op Op, key, buf, hdr []byte, direct bool) error {
+	*p = Program{Op: op, cfg: cfg, buf: buf, hdr: hdr, direct: direct, fd: -1}
+	p.KeyLen = uint8(copy(p.Key[:], key))
+	path := append(cfg.Layout.AppendPath(p.path[:0], key), 0)
+	if len(path) > len(p.path) {
+		return fmt.Errorf("%w: block path of %d bytes, more than %d", ErrInvalidKey, len(path), PathMax-1)
+	}
+	p.lay()
+	return nil
+}
+
+// add appends a step to the phase.
+func (p *Program) add(op StepOp, r role, link Link) *Step {
+	if p.N == StepsMax {
+		panic("blockstore: a phase needs more than StepsMax steps (a layout with deeper directories?)")
+	}
+	s := &p.Steps[p.N]
+	*s = Step{Op: op, Link: link, role: r}
+	p.N++
+	return s
+}
+
+// lay lays out the steps of the current phase.
+func (p *Program) lay() {
+	p.N = 0
+	switch {
+	case p.phase == phaseClose:
+		p.add(StepClose, roleClose, LinkNone)
+	case p.Op == OpLookup && p.cfg.LookupByOpen:
+		p.How = unix.OpenHow{Flags: unix.O_PATH, Resolve: ResolveBeneath}
+		s := p.add(StepOpen, roleLookup, LinkOnSuccess)
+		s.Path, s.How = &p.path[0], &p.How
+		p.add(StepClose, roleClose, LinkNone)
+	case p.Op == OpLookup:
+		p.add(StepStatx, roleLookup, LinkNone).Path = &p.path[0]
+	case p.Op == OpLoad && p.phase == phaseMain:
+		flags := uint64(unix.O_RDONLY | unix.O_NONBLOCK | unix.O_NOCTTY)
+		if p.direct {
+			flags |= unix.O_DIRECT
+		}
+		p.How = unix.OpenHow{Flags: flags, Resolve: ResolveBeneath}
+		s := p.add(StepOpen, roleOpen, LinkOnSuccess)
+		s.Path, s.How = &p.path[0], &p.How
+		// The header buffer first serves the read past the block's end;
+		// the header read after it overwrites it.
+		s = p.add(StepRead, roleTail, LinkAlways)
+		s.Buf, s.Off = p.hdr, HeaderSize+int64(len(p.buf))
+		s = p.add(StepRead, roleHeader, LinkAlways)
+		s.Buf = p.hdr
+		p.layLoadRest()
+	case p.Op == OpLoad && p.phase == phaseResume:
+		if n := p.hdrDone; n < HeaderSize {
+			s := p.add(StepRead, roleHeader, LinkOnSuccess)
+			s.Buf, s.Off = p.hdr[n:], n
+		}
+		p.layLoadRest()
+	case p.Op == OpLoad && p.phase == phaseQuarantine:
+		s := p.add(StepRename, roleQuarantine, LinkNone)
+		s.Path, s.Path2, s.Abs2 = &p.path[0], &p.qpath[0], true
+	case p.Op == OpStore && p.phase == phaseMain:
+		p.layStore()
+	case p.Op == OpStore && p.phase == phaseResume:
+		p.layStoreRest()
+	case p.Op == OpStore && p.phase == phaseCleanup:
+		p.add(StepUnlink, roleUnlink, LinkNone).Path = &p.tmp[0]
+	case p.Op == OpStore && p.phase == phaseDirSync:
+		p.layDirSync()
+	default:
+		panic(fmt.Sprintf("blockstore: no phase %d for op %d", p.phase, p.Op))
+	}
+	p.Steps[p.N-1].Link = LinkNone
+}
+
+// chunk returns the part of buf from done that one read or write moves.
+func chunk(buf []byte, done int64) []byte {
+	return buf[done:min(int64(len(buf)), done+int64(RWMax))]
+}
+
+// layLoadRest reads the payload from payDone, at most ChunksMax reads,
+// then closes if they reach the end. A short read stops the chain before
+// the close; the next phase reads on.
+func (p *Program) layLoadRest() {
+	done := p.payDone
+	for range ChunksMax {
+		if done == int64(len(p.buf)) {
+			break
+		}
+		s := p.add(StepRead, rolePayload, LinkOnSuccess)
+		s.Buf, s.Off = chunk(p.buf, done), HeaderSize+done
+		done += int64(len(s.Buf))
+	}
+	if done == int64(len(p.buf)) {
+		p.add(StepClose, roleClose, LinkNone)
+	}
+}
+
+func (p *Program) layStore() {
+	key, l := p.KeyBytes(), p.cfg.Layout
+	tmp := append(l.AppendTempPath(p.tmp[:0], key, NewTempToken()), 0)
+	dir := l.AppendDir(p.dirs[:0], key)
+	if len(tmp) > len(p.tmp) || 2*len(dir)+2 > len(p.dirs) {
+		panic("blockstore: block path longer than PathMax") // Start checked the block's path
+	}
+	if len(dir) > 0 && !p.cfg.Dirs.Known(dir) {
+		// Each parent of the directory, then the directory: "aa\0aa/bb\0".
+		d := p.dirs[:0]
+		for k := range len(dir) {
+			if k == len(dir)-1 || dir[k+1] == '/' {
+				start := len(d)
+				d = append(append(d, dir[:k+1]...), 0)
+				s := p.add(StepMkdir, roleMkdir, LinkAlways)
+				s.Path, s.dir = &d[start], uint16(start)
+			}
+		}
+	}
+	EncodeHeader(p.hdr, key, p.buf)
+	p.How = unix.OpenHow{Flags: unix.O_WRONLY | unix.O_CREAT | unix.O_EXCL, Mode: fileMode, Resolve: ResolveBeneath}
+	s := p.add(StepOpen, roleOpen, LinkOnSuccess)
+	s.Path, s.How = &p.tmp[0], &p.How
+	p.layStoreRest()
+}
+
+// layStoreRest writes what is left of the header and the payload (at most
+// ChunksMax payload writes in a phase), then syncs, closes and publishes.
+func (p *Program) layStoreRest() {
+	if n := p.hdrDone; n < HeaderSize {
+		s := p.add(StepWrite, roleHeader, LinkOnSuccess)
+		s.Buf, s.Off = p.hdr[n:], n
+	}
+	done := p.payDone
+	for range ChunksMax {
+		if done == int64(len(p.buf)) {
+			break
+		}
+		s := p.add(StepWrite, rolePayload, LinkOnSuccess)
+		s.Buf, s.Off = chunk(p.buf, done), HeaderSize+done
+		done += int64(len(s.Buf))
+	}
+	if done < int64(len(p.buf)) {
+		return // the next phase writes on
+	}
+	if p.cfg.Durability >= DurabilityData {
+		p.add(StepFsync, roleSync, LinkOnSuccess)
+	}
+	// Close before the rename: on NFS, close reports deferred write
+	// errors, and a store whose close failed must not publish.
+	p.add(StepClose, roleClose, LinkOnSuccess)
+	s := p.add(StepRename, rolePublish, LinkNone)
+	s.Path, s.Path2 = &p.tmp[0], &p.path[0]
+}
+
+// layDirSync syncs the block's directory, which holds its new name, and
+// when the store created directories, each parent too: OPEN ─ FSYNC ═
+// CLOSE ─ the next directory's OPEN.
+func (p *Program) layDirSync() {
+	dirs := append(p.cfg.Layout.AppendDir(p.dirs[:0], p.KeyBytes()), 0)
+	if len(dirs) == 1 {
+		dirs = append(dirs[:0], '.', 0)
+	} else if p.created {
+		for k := len(dirs) - 2; k > 0; k-- {
+			if dirs[k] == '/' {
+				dirs = append(append(dirs, dirs[:k]...), 0)
+			}
+		}
+		dirs = append(dirs, '.', 0)
+	}
+	p.How = unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY, Resolve: ResolveBeneath}
+	for start := 0; start < len(dirs); start += bytes.IndexByte(dirs[start:], 0) + 1 {
+		s := p.add(StepOpen, roleOpen, LinkOnSuccess)
+		s.Path, s.How = &p.dirs[start], &p.How
+		p.add(StepFsync, roleDirSync, LinkAlways).dir = uint16(start)
+		p.add(StepClose, roleClose, LinkOnSuccess)
+	}
+}
+
+// Judge takes the results of the phase's steps. It returns true when the
+// outcome is decided (Status, Err); otherwise it has laid out the next
+// phase, for the engine to execute.
+func (p *Program) Judge() bool {
+	for k := range p.N {
+		s := &p.Steps[k]
+		switch {
+		case s.Op == StepOpen && s.Res >= 0:
+			p.fileOpen = true
+		case s.Op == StepClose && s.Res != -int32(unix.ECANCELED):
+			p.fileOpen = false // closed, or there was nothing to close
+		}
+	}
+	if p.phase == phaseClose {
+		return true
+	}
+	switch p.Op {
+	case OpLookup:
+		s := &p.Steps[0]
+		switch r := s.Res; {
+		case r >= 0 && (s.Op != StepStatx || p.Stx.Mode&unix.S_IFMT == unix.S_IFREG):
+			return p.decide(StatusFound, nil)
+		case r >= 0, r == -int32(unix.ENOENT), r == -int32(unix.ELOOP):
+			// Not a regular file, or a symlink on the way: no block there.
+			return p.decide(StatusMissing, nil)
+		default:
+			return p.decide(StatusFailed, p.pathError(s.Op, p.path[:], syscall.Errno(-r)))
+		}
+	case OpLoad:
+		return p.judgeLoad()
+	}
+	return p.judgeStore()
+}
+
+// decide sets the outcome, closing the file first if a broken chain left
+// it open.
+func (p *Program) decide(st Status, err error) bool {
+	p.Status, p.Err = st, err
+	if p.fileOpen {
+		p.next(phaseClose)
+		return false
+	}
+	return true
+}
+
+func (p *Program) next(ph phase) {
+	p.phase = ph
+	p.lay()
+}
+
+func (p *Program) judgeLoad() bool {
+	if p.phase == phaseQuarantine {
+		return p.decide(p.Status, p.Err) // set before the quarantine; its own result does not matter
+	}
+	moved := false
+	for k := range p.N {
+		s := &p.Steps[k]
+		r := s.Res
+		switch {
+		case s.role == roleOpen && r == -int32(unix.ENOENT):
+			return p.decide(StatusMissing, nil)
+		case s.role == roleOpen && r == -int32(unix.ELOOP):
+			// Never quarantined: the link may be a directory on the way,
+			// and a rename through it would move someone else's file.
+			return p.decide(StatusCorrupt, fmt.Errorf("%w: %w", ErrCorrupt, p.pathError(StepOpen, p.path[:], syscall.ELOOP)))
+		case s.role == roleOpen && r < 0:
+			return p.decide(StatusFailed, p.pathError(StepOpen, p.path[:], syscall.Errno(-r)))
+		case s.role == roleOpen || s.role == roleClose || r == -int32(unix.ECANCELED):
+			// A close's result does not matter to a read; a canceled read
+			// did not run (a short read before it stopped the chain).
+		case r < 0:
+			return p.decide(StatusFailed, p.pathError(StepRead, p.path[:], syscall.Errno(-r)))
+		case s.role == roleTail:
+			p.tail = r
+		default:
+			moved = moved || r > 0
+			if s.role == roleHeader {
+				p.hdrDone += int64(r)
+			} else {
+				p.payDone += int64(r)
+			}
+			p.eof = p.eof || r == 0
+		}
+	}
+	if !p.eof && (p.hdrDone < HeaderSize || p.payDone < int64(len(p.buf))) {
+		if !moved || p.Canceled {
+			// Nothing read and no end of file: the reads were canceled.
+			return p.decide(StatusFailed, p.pathError(StepRead, p.path[:], syscall.ECANCELED))
+		}
+		p.next(phaseResume)
+		return false
+	}
+	// The file's length as the reads found it.
+	size := p.hdrDone
+	switch {
+	case p.hdrDone < HeaderSize:
+	case p.payDone < int64(len(p.buf)):
+		size += p.payDone
+	default:
+		size += p.payDone + int64(p.tail)
+	}
+	st, quarantine, err := judgeFile(p.KeyBytes(), p.hdr[:p.hdrDone], p.buf[:p.payDone], size, len(p.buf))
+	if !quarantine || p.cfg.Quarantine == "" {
+		return p.decide(st, err)
+	}
+	p.Status, p.Err = st, err
+	q := fmt.Appendf(append(append(append(p.qpath[:0], p.cfg.Quarantine...), '/'), p.cfg.Namespace...), ".%x.%d", p.KeyBytes(), NewTempToken())
+	if len(q) >= len(p.qpath) {
+		return p.decide(st, err) // no room for the name: leave the file in place
+	}
+	p.qpath[len(q)] = 0
+	p.next(phaseQuarantine)
+	return false
+}
+
+// judgeFile applies CheckBlock, the one validity rule, and says whether a
+// corrupt file should be moved aside: a valid block of another size is
+// someone else's, not damaged.
+func judgeFile(key, hdr, payload []byte, size int64, blockSize int) (Status, bool, error) {
+	err := CheckBlock(key, hdr, payload, size)
+	if err == nil && len(payload) == blockSize {
+		return StatusLoaded, false, nil
+	}
+	if h, herr := DecodeHeader(hdr); herr == nil && h.PayloadSize != int64(blockSize) {
+		return StatusCorrupt, false, fmt.Errorf("%w: payload is %d bytes, the block size is %d", ErrCorrupt, h.PayloadSize, blockSize)
+	}
+	return StatusCorrupt, true, err
+}
+
+// errShort marks a write that moved fewer bytes than it asked for.
+var errShort = errors.New("short write")
+
+// firstFailure returns the first step of the phase that failed, other than
+// by being canceled behind it, and why; a MKDIR counts unless it succeeded
+// or found the directory there (EEXIST).
+func (p *Program) firstFailure() (int, error) {
+	for k := range p.N {
+		s := &p.Steps[k]
+		switch {
+		case s.Op == StepMkdir && (s.Res >= 0 || s.Res == -int32(unix.EEXIST)):
+		case s.Res < 0:
+			return k, syscall.Errno(-s.Res)
+		case s.Op == StepWrite && int(s.Res) < len(s.Buf):
+			return k, errShort
+		}
+	}
+	return -1, nil
+}
+
+func (p *Program) judgeStore() bool {
+	switch p.phase {
+	case phaseCleanup:
+		return p.decide(StatusFailed, p.cause)
+	case phaseDirSync:
+		if k, err := p.firstFailure(); k >= 0 {
+			s := &p.Steps[k]
+			// Steps come in threes, one directory each.
+			return p.decide(StatusFailed, p.pathError(s.Op, p.dirs[p.Steps[k/3*3+1].dir:], err.(syscall.Errno)))
+		}
+		return p.decide(StatusStored, nil)
+	}
+	opened := p.phase == phaseResume // the temporary file exists
+	for k := range p.N {
+		s := &p.Steps[k]
+		switch {
+		case s.role == roleOpen:
+			opened = s.Res >= 0
+		case s.role == roleMkdir && s.Res == 0:
+			p.created = true
+		case s.Op == StepWrite && s.Res > 0 && s.role == roleHeader:
+			p.hdrDone += int64(s.Res)
+		case s.Op == StepWrite && s.Res > 0:
+			p.payDone += int64(s.Res)
+		}
+	}
+	last := &p.Steps[p.N-1]
+	k, err := p.firstFailure()
+	if last.role == rolePublish && last.Res >= 0 {
+		k = -1 // published: whatever a MKDIR said, the block is there
+	}
+	if k < 0 && last.role != rolePublish {
+		p.next(phaseResume) // every write went through and more remain
+		return false
+	}
+	if err == errShort && p.Steps[k].Res > 0 && !p.Canceled {
+		// A short write says nothing about why (a full disk, a signal):
+		// write the rest, as write(2) callers do, to learn the errno.
+		p.next(phaseResume)
+		return false
+	}
+	if k < 0 {
+		p.cfg.Dirs.Remember(p.cfg.Layout.AppendDir(p.dirs[:0], p.KeyBytes()))
+		if p.cfg.Durability == DurabilityFull {
+			p.next(phaseDirSync)
+			return false
+		}
+		return p.decide(StatusStored, nil)
+	}
+	s := &p.Steps[k]
+	if (s.role == roleOpen || s.role == roleMkdir) && err == syscall.ENOENT && !p.retried && !p.Canceled {
+		// A directory is missing (new, or removed under us): create it
+		// and try once more.
+		p.retried = true
+		p.cfg.Dirs.Forget(p.cfg.Layout.AppendDir(p.dirs[:0], p.KeyBytes()))
+		p.hdrDone, p.payDone = 0, 0
+		p.next(phaseMain)
+		return false
+	}
+	var path []byte
+	switch s.role {
+	case roleMkdir:
+		// The first MKDIR that failed is the cause; the steps after it
+		// failed for want of its directory.
+		path = p.dirs[s.dir:]
+	case rolePublish:
+		path = p.path[:]
+	default:
+		path = p.tmp[:]
+	}
+	var perr error
+	if errno, ok := err.(syscall.Errno); ok {
+		perr = p.pathError(s.Op, path, errno)
+	} else {
+		perr = fmt.Errorf("%w (%w)", p.pathError(s.Op, path, syscall.EIO), err)
+	}
+	if !opened {
+		return p.decide(StatusFailed, perr) // nothing was created
+	}
+	p.cause = perr
+	p.next(phaseCleanup)
+	return false
+}
+
+// pathError wraps errno for rel (NUL-terminated) under the namespace
+// directory, as package os does, so errors.Is(err, fs.ErrNotExist) works.
+func (p *Program) pathError(op StepOp, rel []byte, errno syscall.Errno) error {
+	if i := bytes.IndexByte(rel, 0); i >= 0 {
+		rel = rel[:i]
+	}
+	return &fs.PathError{Op: op.String(), Path: filepath.Join(p.cfg.Dir, string(rel)), Err: errno}
+}

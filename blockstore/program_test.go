@@ -1,0 +1,336 @@
+package blockstore
+
+import (
+	"bytes"
+	"errors"
+	"io/fs"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// The protocol tested without a kernel: a fake filesystem answers each
+// step, and the tests check the steps laid out, their links, and the
+// outcome Judge draws.
+
+// mapDirs is a DirCache for tests.
+type mapDirs map[string]bool
+
+func (m mapDirs) Known(dir []byte) bool { return m[string(dir)] }
+func (m mapDirs) Remember(dir []byte)   { m[string(dir)] = true }
+func (m mapDirs) Forget(dir []byte)     { delete(m, string(dir)) }
+
+// fakeFS answers steps like a healthy filesystem holding one file (the
+// block, or what a store wrote), except that fail says what to return
+// instead for the n-th step of an op (counting from 0 over all phases).
+type fakeFS struct {
+	file    []byte // the block file's content, nil if there is none
+	tmp     []byte // a store's temporary file
+	calls   []StepOp
+	fail    map[int]int32
+	noMkdir bool // a MKDIR failed: creating the temporary file fails with ENOENT
+}
+
+func (f *fakeFS) call(p *Program, s *Step) int32 {
+	n := len(f.calls)
+	f.calls = append(f.calls, s.Op)
+	if r, ok := f.fail[n]; ok {
+		switch {
+		case s.Op == StepMkdir && r < 0 && r != -int32(unix.EEXIST):
+			f.noMkdir = true
+		case r > 0 && s.Op == StepWrite:
+			f.tmp = append(f.tmp[:min(int64(len(f.tmp)), s.Off)], s.Buf[:r]...)
+		case r > 0 && s.Op == StepRead:
+			copy(s.Buf[:r], f.file[s.Off:])
+		}
+		return r
+	}
+	switch s.Op {
+	case StepStatx:
+		if f.file == nil {
+			return -int32(unix.ENOENT)
+		}
+		p.Stx.Mode = unix.S_IFREG
+	case StepOpen:
+		if s.How.Flags&unix.O_CREAT != 0 && f.noMkdir {
+			return -int32(unix.ENOENT)
+		}
+		if s.How.Flags&unix.O_CREAT != 0 {
+			f.tmp = f.tmp[:0]
+		} else if s.role == roleOpen && f.file == nil && s.How.Flags&unix.O_DIRECTORY == 0 {
+			return -int32(unix.ENOENT)
+		}
+	case StepRead:
+		if s.Off >= int64(len(f.file)) {
+			return 0
+		}
+		return int32(copy(s.Buf, f.file[s.Off:]))
+	case StepWrite:
+		end := s.Off + int64(len(s.Buf))
+		if int64(len(f.tmp)) < end {
+			f.tmp = append(f.tmp, make([]byte, end-int64(len(f.tmp)))...)
+		}
+		return int32(copy(f.tmp[s.Off:], s.Buf))
+	case StepRename:
+		if s.role == rolePublish {
+			f.file = append([]byte(nil), f.tmp...)
+		}
+	}
+	return 0
+}
+
+// run executes p against f until it is decided, and returns the phases'
+// step lists.
+func (f *fakeFS) run(t *testing.T, p *Program) [][]StepOp {
+	t.Helper()
+	var phases [][]StepOp
+	for range 100 {
+		var ops []StepOp
+		for k := range p.N {
+			ops = append(ops, p.Steps[k].Op)
+		}
+		phases = append(phases, ops)
+		require.Equal(t, LinkNone, p.Steps[p.N-1].Link, "a phase's last step ends its chain")
+		p.execute(func(s *Step) int32 { return f.call(p, s) })
+		if p.Judge() {
+			require.False(t, p.fileOpen, "decided with the file open")
+			return phases
+		}
+	}
+	t.Fatal("no outcome after 100 phases")
+	return nil
+}
+
+func testConfig(d Durability) *Config {
+	return &Config{Layout: FanoutLayout{}, Durability: d, Dir: "/ns", Quarantine: "/q", Namespace: "ns", Dirs: mapDirs{}}
+}
+
+func blockFile(key, payload []byte) []byte {
+	f := make([]byte, HeaderSize, HeaderSize+len(payload))
+	EncodeHeader(f, key, payload)
+	return append(f, payload...)
+}
+
+func TestProgramLookup(t *testing.T) {
+	key := testKey(1, 32)
+	for _, c := range []struct {
+		name string
+		file []byte
+		fail map[int]int32
+		mode uint16
+		want Status
+	}{
+		{"found", []byte("x"), nil, unix.S_IFREG, StatusFound},
+		{"missing", nil, nil, 0, StatusMissing},
+		{"fifo", []byte("x"), nil, unix.S_IFIFO, StatusMissing},
+		{"symlink", []byte("x"), map[int]int32{0: -int32(unix.ELOOP)}, 0, StatusMissing},
+		{"eio", []byte("x"), map[int]int32{0: -int32(unix.EIO)}, 0, StatusFailed},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var p Program
+			require.NoError(t, p.Start(testConfig(DurabilityNone), OpLookup, key, nil, nil, false))
+			f := &fakeFS{file: c.file, fail: c.fail}
+			p.execute(func(s *Step) int32 {
+				r := f.call(&p, s)
+				if c.mode != 0 {
+					p.Stx.Mode = c.mode
+				}
+				return r
+			})
+			require.True(t, p.Judge())
+			assert.Equal(t, c.want, p.Status, "%v", p.Err)
+			if c.want == StatusFailed {
+				assert.ErrorIs(t, p.Err, syscall.EIO)
+				assert.Contains(t, p.Err.Error(), "statx /ns/")
+			}
+		})
+	}
+}
+
+func TestProgramLoad(t *testing.T) {
+	key := testKey(2, 32)
+	payload := testPayload(key, 3*HeaderSize+100)
+	good := blockFile(key, payload)
+	load := func(t *testing.T, f *fakeFS) (*Program, [][]StepOp) {
+		p := new(Program)
+		require.NoError(t, p.Start(testConfig(DurabilityNone), OpLoad, key, make([]byte, len(payload)), make([]byte, HeaderSize), false))
+		phases := f.run(t, p)
+		return p, phases
+	}
+	t.Run("whole", func(t *testing.T) {
+		p, phases := load(t, &fakeFS{file: good})
+		require.Equal(t, StatusLoaded, p.Status, "%v", p.Err)
+		assert.Equal(t, payload, p.buf)
+		assert.Equal(t, [][]StepOp{{StepOpen, StepRead, StepRead, StepRead, StepClose}}, phases)
+		assert.Equal(t, []Link{LinkOnSuccess, LinkAlways, LinkAlways, LinkOnSuccess, LinkNone},
+			[]Link{p.Steps[0].Link, p.Steps[1].Link, p.Steps[2].Link, p.Steps[3].Link, p.Steps[4].Link})
+	})
+	t.Run("missing", func(t *testing.T) {
+		p, phases := load(t, &fakeFS{})
+		require.Equal(t, StatusMissing, p.Status)
+		assert.Len(t, phases, 1)
+	})
+	t.Run("short-reads-continue", func(t *testing.T) {
+		// The payload read returns 5 bytes: the close is canceled, and the
+		// next phase reads the rest.
+		p, phases := load(t, &fakeFS{file: good, fail: map[int]int32{3: 5}})
+		require.Equal(t, StatusLoaded, p.Status, "%v", p.Err)
+		assert.Equal(t, payload, p.buf)
+		assert.Equal(t, [][]StepOp{{StepOpen, StepRead, StepRead, StepRead, StepClose}, {StepRead, StepClose}}, phases)
+	})
+	t.Run("chunks", func(t *testing.T) {
+		old := RWMax
+		RWMax = 1000
+		t.Cleanup(func() { RWMax = old })
+		p, phases := load(t, &fakeFS{file: good})
+		require.Equal(t, StatusLoaded, p.Status, "%v", p.Err)
+		assert.Equal(t, payload, p.buf)
+		require.Len(t, phases, 4, "13 reads of at most 1000 bytes, four a phase: %v", phases)
+		assert.Equal(t, []StepOp{StepRead, StepClose}, phases[3])
+	})
+	for _, c := range []struct {
+		name, want string
+		file       []byte
+		quarantine bool
+	}{
+		{"truncated", "file is 4196 bytes, header says 16484", good[:HeaderSize+100], true},
+		{"appended", "file is 16485 bytes, header says 16484", append(append([]byte(nil), good...), 0), true},
+		{"short", "shorter than the 4096-byte header", good[:10], true},
+		{"empty (a FIFO reads so)", "file is 0 bytes", []byte{}, true},
+		{"other size", "payload is 100 bytes, the block size is 12388", blockFile(key, payload[:100]), false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p, phases := load(t, &fakeFS{file: c.file})
+			require.Equal(t, StatusCorrupt, p.Status)
+			require.ErrorIs(t, p.Err, ErrCorrupt)
+			assert.Contains(t, p.Err.Error(), c.want)
+			assert.Equal(t, c.quarantine, slices.ContainsFunc(phases, func(ph []StepOp) bool { return slices.Equal(ph, []StepOp{StepRename}) }),
+				"moved to quarantine: %v", phases)
+			if c.quarantine {
+				assert.True(t, strings.HasPrefix(string(p.qpath[:]), "/q/ns."))
+			}
+		})
+	}
+	t.Run("symlink", func(t *testing.T) {
+		p, phases := load(t, &fakeFS{file: good, fail: map[int]int32{0: -int32(unix.ELOOP)}})
+		require.Equal(t, StatusCorrupt, p.Status)
+		assert.ErrorIs(t, p.Err, syscall.ELOOP)
+		assert.Len(t, phases, 1, "never quarantined")
+	})
+	t.Run("read-error", func(t *testing.T) {
+		p, _ := load(t, &fakeFS{file: good, fail: map[int]int32{3: -int32(unix.EIO)}})
+		require.Equal(t, StatusFailed, p.Status)
+		var pe *fs.PathError
+		require.True(t, errors.As(p.Err, &pe))
+		assert.Equal(t, "read", pe.Op)
+		assert.ErrorIs(t, p.Err, syscall.EIO)
+	})
+}
+
+// TestProgramStoreFailures fails each step of a store in turn, as the
+// filesystem would, and checks that the block is never published, the
+// temporary file is removed when it was created, the file is closed, and
+// the error names the failed step.
+func TestProgramStoreFailures(t *testing.T) {
+	key := testKey(3, 32)
+	payload := testPayload(key, 2*HeaderSize)
+	for _, d := range []Durability{DurabilityNone, DurabilityData, DurabilityFull} {
+		// new directories: MKDIR MKDIR OPEN WRITE WRITE [FSYNC] CLOSE RENAME
+		var p Program
+		require.NoError(t, p.Start(testConfig(d), OpStore, key, payload, make([]byte, HeaderSize), false))
+		steps := p.N
+		for k := range steps {
+			errno := unix.EIO
+			if p.Steps[k].Op == StepMkdir {
+				errno = unix.EACCES
+			}
+			name := d.String() + "/" + p.Steps[k].Op.String()
+			t.Run(name, func(t *testing.T) {
+				var p Program
+				require.NoError(t, p.Start(testConfig(d), OpStore, key, payload, make([]byte, HeaderSize), false))
+				op := p.Steps[k].Op
+				f := &fakeFS{fail: map[int]int32{k: -int32(errno)}}
+				phases := f.run(t, &p)
+				require.Equal(t, StatusFailed, p.Status)
+				assert.True(t, f.file == nil, "a failed store published a block")
+				var pe *fs.PathError
+				require.True(t, errors.As(p.Err, &pe), "%v", p.Err)
+				assert.Equal(t, op.String(), pe.Op)
+				assert.ErrorIs(t, p.Err, errno)
+				switch op {
+				case StepMkdir:
+					assert.Len(t, phases, 1, "nothing to clean up")
+				case StepOpen:
+					assert.Len(t, phases, 1, "nothing to clean up")
+				default:
+					assert.True(t, slices.ContainsFunc(phases, func(ph []StepOp) bool { return slices.Equal(ph, []StepOp{StepUnlink}) }),
+						"the temporary file is removed: %v", phases)
+				}
+			})
+		}
+	}
+	t.Run("close-fails-after-writes", func(t *testing.T) {
+		var p Program
+		require.NoError(t, p.Start(testConfig(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
+		f := &fakeFS{fail: map[int]int32{5: -int32(unix.EIO)}} // MKDIR MKDIR OPEN WRITE WRITE CLOSE RENAME
+		require.Equal(t, StepClose, p.Steps[5].Op)
+		phases := f.run(t, &p)
+		require.Equal(t, StatusFailed, p.Status)
+		assert.Contains(t, p.Err.Error(), "close /ns/")
+		assert.True(t, f.file == nil, "published")
+		assert.Equal(t, []StepOp{StepUnlink}, phases[1])
+	})
+	t.Run("rename-fails", func(t *testing.T) {
+		var p Program
+		require.NoError(t, p.Start(testConfig(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
+		f := &fakeFS{fail: map[int]int32{6: -int32(unix.EXDEV)}}
+		phases := f.run(t, &p)
+		require.Equal(t, StatusFailed, p.Status)
+		assert.ErrorIs(t, p.Err, syscall.EXDEV)
+		assert.Equal(t, []StepOp{StepUnlink}, phases[1])
+	})
+	t.Run("short-write-continues", func(t *testing.T) {
+		var p Program
+		require.NoError(t, p.Start(testConfig(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
+		f := &fakeFS{fail: map[int]int32{4: 100}} // the payload write moves 100 bytes
+		phases := f.run(t, &p)
+		require.Equal(t, StatusStored, p.Status, "%v", p.Err)
+		assert.True(t, bytes.Equal(blockFile(key, payload), f.file), "the file holds the block")
+		assert.Equal(t, []StepOp{StepWrite, StepClose, StepRename}, phases[1])
+	})
+	t.Run("short-write-then-enospc", func(t *testing.T) {
+		var p Program
+		require.NoError(t, p.Start(testConfig(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
+		// Calls: MKDIR MKDIR OPEN WRITE WRITE(100 bytes), then WRITE(ENOSPC);
+		// the steps a failure cancels make no call.
+		f := &fakeFS{fail: map[int]int32{4: 100, 5: -int32(unix.ENOSPC)}}
+		phases := f.run(t, &p)
+		require.Equal(t, StatusFailed, p.Status)
+		assert.ErrorIs(t, p.Err, syscall.ENOSPC)
+		assert.True(t, f.file == nil, "published")
+		assert.Equal(t, []StepOp{StepClose}, phases[len(phases)-1], "the file left open by the broken chain is closed")
+	})
+	t.Run("directory-vanished-retries", func(t *testing.T) {
+		cfg := testConfig(DurabilityNone)
+		cfg.Dirs.Remember(cfg.Layout.AppendDir(nil, key))
+		var p Program
+		require.NoError(t, p.Start(cfg, OpStore, key, payload, make([]byte, HeaderSize), false))
+		f := &fakeFS{fail: map[int]int32{0: -int32(unix.ENOENT)}}
+		phases := f.run(t, &p)
+		require.Equal(t, StatusStored, p.Status, "%v", p.Err)
+		assert.Equal(t, []StepOp{StepMkdir, StepMkdir, StepOpen, StepWrite, StepWrite, StepClose, StepRename}, phases[1])
+	})
+	t.Run("full-durability-syncs-directories", func(t *testing.T) {
+		var p Program
+		require.NoError(t, p.Start(testConfig(DurabilityFull), OpStore, key, payload, make([]byte, HeaderSize), false))
+		phases := (&fakeFS{}).run(t, &p)
+		require.Equal(t, StatusStored, p.Status, "%v", p.Err)
+		require.Len(t, phases, 2)
+		assert.Equal(t, 9, len(phases[1]), "the block's directory, its parent and the namespace directory")
+	})
+}

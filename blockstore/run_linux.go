@@ -1,0 +1,113 @@
+package blockstore
+
+import (
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// RunSync executes the phase's steps with plain system calls, linked as
+// the kernel links them (see Link), and fills in their results. dir is the
+// namespace directory's descriptor. It is the executor of Put and Get and
+// of the tier's sync engine; it blocks for as long as the filesystem does.
+func (p *Program) RunSync(dir int) {
+	p.execute(func(s *Step) int32 { return p.call(dir, s) })
+}
+
+// execute runs the phase's steps in order through call, as linked steps
+// run: after a LinkOnSuccess step fails, the rest of its chain gets
+// -ECANCELED without running.
+func (p *Program) execute(call func(*Step) int32) {
+	stop := false
+	for k := range p.N {
+		s := &p.Steps[k]
+		if stop {
+			s.Res = -int32(unix.ECANCELED)
+		} else {
+			s.Res = call(s)
+			stop = s.Link == LinkOnSuccess && s.Failed()
+		}
+		if s.Link == LinkNone {
+			stop = false
+		}
+	}
+}
+
+// call makes step s's system call, retrying EINTR, and returns its result
+// or -errno.
+func (p *Program) call(dir int, s *Step) int32 {
+	for {
+		r, errno := p.call1(dir, s)
+		switch errno {
+		case 0:
+			return int32(r)
+		case unix.EINTR:
+			continue
+		}
+		return -int32(errno)
+	}
+}
+
+func (p *Program) call1(dir int, s *Step) (uintptr, syscall.Errno) {
+	path := uintptr(unsafe.Pointer(s.Path))
+	switch s.Op {
+	case StepStatx:
+		r, _, e := unix.Syscall6(unix.SYS_STATX, uintptr(dir), path, unix.AT_STATX_DONT_SYNC|unix.AT_SYMLINK_NOFOLLOW,
+			unix.STATX_TYPE|unix.STATX_SIZE, uintptr(unsafe.Pointer(&p.Stx)), 0)
+		return r, e
+	case StepOpen:
+		how := *s.How
+		how.Flags |= unix.O_CLOEXEC
+		r, _, e := unix.Syscall6(unix.SYS_OPENAT2, uintptr(dir), path, uintptr(unsafe.Pointer(&how)), unix.SizeofOpenHow, 0, 0)
+		if e == unix.ENOSYS {
+			// Before Linux 5.6: no RESOLVE_*; at least the last component
+			// is not followed.
+			r, _, e = unix.Syscall6(unix.SYS_OPENAT, uintptr(dir), path, uintptr(how.Flags|unix.O_NOFOLLOW), uintptr(how.Mode), 0, 0)
+		}
+		if e == 0 {
+			p.fd = int(r)
+			return 0, 0
+		}
+		return r, e
+	case StepRead:
+		n, err := unix.Pread(p.fd, s.Buf, s.Off)
+		return uintptr(n), errnoOf(err)
+	case StepWrite:
+		n, err := unix.Pwrite(p.fd, s.Buf, s.Off)
+		return uintptr(n), errnoOf(err)
+	case StepFsync:
+		if s.role == roleDirSync {
+			return 0, errnoOf(unix.Fsync(p.fd))
+		}
+		return 0, errnoOf(unix.Fdatasync(p.fd))
+	case StepClose:
+		if p.fd < 0 {
+			return 0, unix.EBADF
+		}
+		err := unix.Close(p.fd)
+		p.fd = -1 // closed even when close reports an error
+		return 0, errnoOf(err)
+	case StepMkdir:
+		_, _, e := unix.Syscall(unix.SYS_MKDIRAT, uintptr(dir), path, dirMode)
+		return 0, e
+	case StepRename:
+		newDir := dir
+		if s.Abs2 {
+			newDir = unix.AT_FDCWD
+		}
+		_, _, e := unix.Syscall6(unix.SYS_RENAMEAT, uintptr(dir), path, uintptr(newDir), uintptr(unsafe.Pointer(s.Path2)), 0, 0)
+		return 0, e
+	case StepUnlink:
+		_, _, e := unix.Syscall(unix.SYS_UNLINKAT, uintptr(dir), path, 0)
+		return 0, e
+	}
+	panic("blockstore: unknown step")
+}
+
+func errnoOf(err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
+	return err.(syscall.Errno)
+}
