@@ -20,7 +20,6 @@ import (
 
 	"github.com/uringtier/uringtier/blockstore"
 	"github.com/uringtier/uringtier/linux_test/noring"
-	"golang.org/x/sys/unix"
 )
 
 func TestMain(m *testing.M) {
@@ -605,13 +604,7 @@ func ExampleTier() {
 // fixed-file table larger than RLIMIT_NOFILE): Open returns the error and
 // leaves no goroutine or ring behind (goleak checks at exit).
 func TestOpenFailsCleanly(t *testing.T) {
-	var old unix.Rlimit
-	require.NoError(t, unix.Getrlimit(unix.RLIMIT_NOFILE, &old))
-	low := old
-	low.Cur = min(1024, old.Max)
-	require.NoError(t, unix.Setrlimit(unix.RLIMIT_NOFILE, &low))
-	t.Cleanup(func() { require.NoError(t, unix.Setrlimit(unix.RLIMIT_NOFILE, &old)) })
-
+	lowerNoFile(t)
 	tr, err := Open(t.TempDir(), Options{BlockSize: testBlockSize, Engine: EngineURing, OpsMax: 4096})
 	require.Error(t, err)
 	assert.Nil(t, tr)

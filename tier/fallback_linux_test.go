@@ -35,6 +35,7 @@ var conformanceSuite = []struct {
 	{"TestCloseWithWorkInFlight", TestCloseWithWorkInFlight},
 	{"TestModel", TestModel},
 	{"TestSubmitPollDoesNotAllocate", TestSubmitPollDoesNotAllocate},
+	{"TestFailedOpenReleasesBuffers", TestFailedOpenReleasesBuffers},
 }
 
 // notInConformanceSuite is every other test of this package, with the reason it stays out.

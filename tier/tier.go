@@ -152,12 +152,16 @@ func Open(dir string, opts Options) (*Tier, error) {
 }
 
 func (t *Tier) startEngine() error {
+	// Before anything is allocated, so that refusing EngineURing leaves
+	// nothing to release.
 	kind := t.opts.Engine
-	if kind == EngineAuto {
-		kind = EngineURing
-		if err := uring.Available(); err != nil {
-			kind = EngineSync
-			t.engine.Fallback = err.Error()
+	if kind != EngineSync {
+		if err := uring.Available(); err == nil {
+			kind = EngineURing
+		} else if kind == EngineURing {
+			return fmt.Errorf("tier: engine uring: %w", err)
+		} else {
+			kind, t.engine.Fallback = EngineSync, err.Error()
 		}
 	}
 	t.engine.Kind = kind
@@ -172,9 +176,6 @@ func (t *Tier) startEngine() error {
 		t.shards = []*shard{newShard(t, 0, newSyncBackend(t))}
 		go t.shards[0].run()
 		return nil
-	}
-	if err := uring.Available(); err != nil {
-		return fmt.Errorf("tier: engine uring: %w", err)
 	}
 	t.engine.Rings = t.opts.Rings
 	for i := range t.opts.Rings {
@@ -192,6 +193,7 @@ func (t *Tier) startEngine() error {
 		}
 	}
 	if first != nil {
+		// Close stops the rings that did start and frees the buffers.
 		t.Close(context.Background())
 		return first
 	}

@@ -1,0 +1,112 @@
+package tier
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/uringtier/uringtier/linux_test/noring"
+)
+
+// span is a range of mapped addresses, [lo, hi).
+type span struct{ lo, hi uint64 }
+
+// privateMappings returns the address ranges this process has mapped
+// private and read-write, as the tier's buffers are, from /proc/self/maps.
+// Leaving out the rest leaves out most of what new threads map meanwhile:
+// glibc reserves 64 MiB malloc arenas without access.
+func privateMappings(t *testing.T) []span {
+	t.Helper()
+	data, err := os.ReadFile("/proc/self/maps")
+	require.NoError(t, err)
+	var spans []span
+	for line := range strings.Lines(string(data)) {
+		var s span
+		var perms string
+		_, err := fmt.Sscanf(line, "%x-%x %s", &s.lo, &s.hi, &perms)
+		require.NoError(t, err, "/proc/self/maps line %q", line)
+		if perms == "rw-p" {
+			spans = append(spans, s)
+		}
+	}
+	return spans
+}
+
+// newlyMapped returns how many bytes are mapped in after but were not in
+// before. It counts address space, not mappings: the kernel merges an
+// anonymous mapping with a compatible neighbour (the race detector's, a
+// thread stack), so a buffer mapping need not show up as a line of its own.
+func newlyMapped(before, after []span) uint64 {
+	var n uint64
+	for _, a := range after {
+		n += a.hi - a.lo
+		for _, b := range before {
+			if lo, hi := max(a.lo, b.lo), min(a.hi, b.hi); lo < hi {
+				n -= hi - lo
+			}
+		}
+	}
+	return n
+}
+
+// openFDs returns how many descriptors this process has open.
+func openFDs(t *testing.T) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	return len(entries)
+}
+
+// lowerNoFile lowers RLIMIT_NOFILE for the rest of the test, so that a
+// fixed-file table of 4,096 slots cannot be registered.
+func lowerNoFile(t *testing.T) {
+	var old unix.Rlimit
+	require.NoError(t, unix.Getrlimit(unix.RLIMIT_NOFILE, &old))
+	low := old
+	low.Cur = min(1024, old.Max)
+	require.NoError(t, unix.Setrlimit(unix.RLIMIT_NOFILE, &low))
+	t.Cleanup(func() { require.NoError(t, unix.Setrlimit(unix.RLIMIT_NOFILE, &old)) })
+}
+
+// TestFailedOpenReleasesBuffers opens a tier with 256 MiB of buffers where
+// the io_uring engine cannot start (in a child without io_uring: it is
+// unavailable; elsewhere: its ring set-up fails half-way on RLIMIT_NOFILE)
+// and checks that the failed Open leaves neither the mapping nor a
+// descriptor behind.
+func TestFailedOpenReleasesBuffers(t *testing.T) {
+	// Large enough to stand out from what the runtime maps meanwhile (an
+	// 8 MiB stack for each new thread); never touched, so it costs address
+	// space only.
+	const blockSize, buffers = 64 << 10, 4096
+	const size = blockSize * buffers
+	dir := t.TempDir()
+
+	// The measure must see the buffers while a tier holds them.
+	before := privateMappings(t)
+	tr, err := Open(dir, Options{BlockSize: blockSize, Engine: EngineSync, Buffers: buffers})
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, newlyMapped(before, privateMappings(t)), uint64(size), "an open tier's buffers do not show in /proc/self/maps")
+	require.NoError(t, tr.Close(context.Background()))
+
+	opts := Options{BlockSize: blockSize, Engine: EngineURing, Rings: 2, Buffers: buffers}
+	want := "IORING_REGISTER_FILES2"
+	if _, ok := noring.InChild(); ok {
+		want = "engine uring"
+	} else {
+		lowerNoFile(t)
+		opts.OpsMax = 4096
+	}
+	fds := openFDs(t)
+	before = privateMappings(t)
+	tr, err = Open(dir, opts)
+	require.ErrorContains(t, err, want)
+	assert.Nil(t, tr)
+	assert.Less(t, newlyMapped(before, privateMappings(t)), uint64(size/2), "a failed Open left its buffers mapped")
+	assert.Equal(t, fds, openFDs(t), "a failed Open left descriptors open")
+}
