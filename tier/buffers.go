@@ -11,7 +11,7 @@ func (t *Tier) allocBuffers() error {
 	if t.opts.Buffers == 0 {
 		return nil
 	}
-	stride := (t.opts.BlockSize + blockstore.HeaderSize - 1) / blockstore.HeaderSize * blockstore.HeaderSize
+	stride := bufferStride(t.opts.BlockSize)
 	mem, err := uring.AllocBuffer(stride * t.opts.Buffers)
 	if err != nil {
 		return err
@@ -21,6 +21,12 @@ func (t *Tier) allocBuffers() error {
 		t.buffers = append(t.buffers, mem[k*stride:k*stride+t.opts.BlockSize:k*stride+t.opts.BlockSize])
 	}
 	return nil
+}
+
+// bufferStride is the distance between two buffers of blockSize: each
+// starts aligned for O_DIRECT.
+func bufferStride(blockSize int) int {
+	return (blockSize + blockstore.HeaderSize - 1) / blockstore.HeaderSize * blockstore.HeaderSize
 }
 
 // freeBuffers unmaps the buffers unless the kernel may still use them.
