@@ -3,7 +3,9 @@ package tier
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -109,4 +111,41 @@ func TestFailedOpenReleasesBuffers(t *testing.T) {
 	assert.Nil(t, tr)
 	assert.Less(t, newlyMapped(before, privateMappings(t)), uint64(size/2), "a failed Open left its buffers mapped")
 	assert.Equal(t, fds, openFDs(t), "a failed Open left descriptors open")
+}
+
+// TestDirectoryIsAFile puts a regular file where the namespace directory
+// belongs, then where a fan-out directory belongs. Open refuses the first
+// on both engines with ENOTDIR naming the file (the sync engine used to
+// accept it: blockstore took mkdir's EEXIST for "the directory exists");
+// a store into the second fails with ENOTDIR, and succeeds once the file
+// is gone.
+func TestDirectoryIsAFile(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		dir := t.TempDir()
+		ns := filepath.Join(dir, "default")
+		require.NoError(t, os.WriteFile(ns, nil, 0o644))
+		tr, err := Open(dir, Options{BlockSize: testBlockSize, Engine: kind})
+		if tr != nil {
+			tr.Close(context.Background())
+		}
+		require.ErrorIs(t, err, unix.ENOTDIR)
+		var pe *fs.PathError
+		require.ErrorAs(t, err, &pe)
+		assert.Equal(t, ns, pe.Path)
+		require.NoError(t, os.Remove(ns))
+
+		tr = openTier(t, kind, dir, nil)
+		fanout := string(tr.BlockStore().Layout().AppendDir(nil, testKey(0)))
+		obstacle := filepath.Join(tr.nsDir, fanout[:strings.IndexByte(fanout, '/')])
+		require.NoError(t, os.WriteFile(obstacle, nil, 0o644))
+		buf := testPayload(0)
+		require.NoError(t, tr.Store(1, testKeys(0), [][]byte{buf}))
+		k := await(t, tr, 1)[1].Keys[0]
+		assert.Equal(t, StatusFailed, k.Status)
+		assert.ErrorIs(t, k.Err, unix.ENOTDIR)
+		assert.ErrorContains(t, k.Err, obstacle)
+		require.NoError(t, os.Remove(obstacle))
+		require.NoError(t, tr.Store(2, testKeys(0), [][]byte{buf}))
+		assert.Equal(t, []Status{StatusStored}, statuses(await(t, tr, 2)[2]))
+	})
 }

@@ -36,6 +36,7 @@ var conformanceSuite = []struct {
 	{"TestModel", TestModel},
 	{"TestSubmitPollDoesNotAllocate", TestSubmitPollDoesNotAllocate},
 	{"TestFailedOpenReleasesBuffers", TestFailedOpenReleasesBuffers},
+	{"TestDirectoryIsAFile", TestDirectoryIsAFile},
 }
 
 // notInConformanceSuite is every other test of this package, with the reason it stays out.
