@@ -149,3 +149,53 @@ func TestDirectoryIsAFile(t *testing.T) {
 		assert.Equal(t, []Status{StatusStored}, statuses(await(t, tr, 2)[2]))
 	})
 }
+
+// TestAfterClose checks what a closed tier answers: ErrClosed for every
+// submit, also one that is invalid besides, and Stats with nothing queued
+// or in flight, also when Close found requests waiting for op slots.
+func TestAfterClose(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		// One op slot and 8 requests of 256 keys: most keys wait in the
+		// owner's queue when Close comes. Where the owner is when Close
+		// comes varies, so try a few times.
+		keys := make([][]byte, 256)
+		for i := range keys {
+			keys[i] = testKey(i % 3)
+		}
+		var tr *Tier
+		for round := range 10 {
+			var err error
+			tr, err = Open(t.TempDir(), Options{BlockSize: testBlockSize, Engine: kind, Rings: 1, OpsMax: 1, BatchMax: len(keys)})
+			require.NoError(t, err)
+			put(t, tr, 0)
+			var reqs []uint64
+			for req := uint64(1); req <= 8; req++ {
+				require.NoError(t, tr.Lookup(req, keys))
+				reqs = append(reqs, req)
+			}
+			require.NoError(t, tr.Close(context.Background()))
+			st := tr.Stats()
+			require.Zero(t, st.Queued, "round %d: requests queued after Close", round)
+			require.Zero(t, st.InFlight, "round %d: operations in flight after Close", round)
+			await(t, tr, reqs...)
+		}
+
+		buf := make([]byte, testBlockSize)
+		for _, c := range []struct {
+			name string
+			err  error
+		}{
+			{"valid lookup", tr.Lookup(1, testKeys(1))},
+			{"short key", tr.Lookup(1, [][]byte{[]byte("short")})},
+			{"nil key", tr.LookupPrefix(1, [][]byte{nil})},
+			{"too many keys", tr.Lookup(1, make([][]byte, len(keys)+1))},
+			{"small buffer", tr.Load(1, testKeys(1), [][]byte{buf[:100]})},
+			{"buffer count", tr.Load(1, testKeys(1, 2), [][]byte{buf})},
+			{"large buffer", tr.Store(1, testKeys(1), [][]byte{append(buf, 0)})},
+			{"no buffers", tr.Store(1, testKeys(1), nil)},
+		} {
+			assert.ErrorIs(t, c.err, ErrClosed, c.name)
+			assert.NotErrorIs(t, c.err, ErrInvalid, c.name)
+		}
+	})
+}

@@ -37,6 +37,7 @@ var conformanceSuite = []struct {
 	{"TestSubmitPollDoesNotAllocate", TestSubmitPollDoesNotAllocate},
 	{"TestFailedOpenReleasesBuffers", TestFailedOpenReleasesBuffers},
 	{"TestDirectoryIsAFile", TestDirectoryIsAFile},
+	{"TestAfterClose", TestAfterClose},
 }
 
 // notInConformanceSuite is every other test of this package, with the reason it stays out.

@@ -31,9 +31,12 @@ type Tier struct {
 	bufStride int               // distance between buffers in bufMem
 
 	calls sync.WaitGroup // submits and cancels between their closed check and their hand-over to shards
+	// closed: Close was called. Set under mu, so that a check under mu
+	// orders a submit or cancel against Close; read without it where a
+	// stale false costs nothing (a later check under mu follows).
+	closed atomic.Bool
 
 	mu       sync.Mutex       // guards everything below
-	closed   bool             // Close was called
 	reqs     []request        // request slots, len Depth
 	free     []int32          // free request slots
 	byID     map[uint64]int32 // request ID -> slot, for requests not yet polled
@@ -244,11 +247,16 @@ func (t *Tier) Store(req uint64, keys [][]byte, bufs [][]byte) error {
 }
 
 func (t *Tier) submit(id uint64, op Op, prefixOnly bool, keys [][]byte, bufs [][]byte) error {
+	// Closed first: after Close every call returns ErrClosed, also one
+	// that is invalid besides.
+	if t.closed.Load() {
+		return ErrClosed
+	}
 	if err := t.validate(op, keys, bufs); err != nil {
 		return err
 	}
 	t.mu.Lock()
-	if t.closed {
+	if t.closed.Load() {
 		t.mu.Unlock()
 		return ErrClosed
 	}
@@ -452,7 +460,7 @@ func (t *Tier) freeSlot(slot int32) {
 func (t *Tier) Cancel(req uint64) bool {
 	t.mu.Lock()
 	slot, ok := t.byID[req]
-	if !ok || t.reqs[slot].published || t.closed {
+	if !ok || t.reqs[slot].published || t.closed.Load() {
 		t.mu.Unlock()
 		return false
 	}
@@ -479,12 +487,12 @@ func (t *Tier) Cancel(req uint64) bool {
 // result.
 func (t *Tier) Close(ctx context.Context) error {
 	t.mu.Lock()
-	if t.closed {
+	if t.closed.Load() {
 		t.mu.Unlock()
 		<-t.closeCh
 		return t.closeErr
 	}
-	t.closed = true
+	t.closed.Store(true)
 	t.mu.Unlock()
 	t.calls.Wait() // no submit or cancel is half-way to a shard
 
