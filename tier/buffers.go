@@ -29,15 +29,23 @@ func bufferStride(blockSize int) int {
 	return (blockSize + blockstore.HeaderSize - 1) / blockstore.HeaderSize * blockstore.HeaderSize
 }
 
-// freeBuffers unmaps the buffers unless the kernel may still use them.
+// freeBuffers unmaps the buffers unless the kernel may still use them. It
+// leaves t.buffers alone, which Buffers may be reading meanwhile; the
+// owners, the only readers of t.bufMem, have exited.
 func (t *Tier) freeBuffers(leak bool) {
 	if t.bufMem != nil && !leak {
 		uring.FreeBuffer(t.bufMem)
-		t.bufMem, t.buffers = nil, nil
+		t.bufMem = nil
 	}
 }
 
 // Buffers returns the tier's aligned buffers (Options.Buffers of them,
 // BlockSize each): the fastest path for loads and stores, registered with
-// every ring and suitable for O_DIRECT. They are valid until Close.
-func (t *Tier) Buffers() [][]byte { return t.buffers }
+// every ring and suitable for O_DIRECT. They are valid until Close; once
+// Close has been called, Buffers returns nil.
+func (t *Tier) Buffers() [][]byte {
+	if t.closed.Load() {
+		return nil
+	}
+	return t.buffers
+}

@@ -38,6 +38,7 @@ var conformanceSuite = []struct {
 	{"TestFailedOpenReleasesBuffers", TestFailedOpenReleasesBuffers},
 	{"TestDirectoryIsAFile", TestDirectoryIsAFile},
 	{"TestAfterClose", TestAfterClose},
+	{"TestBuffersDuringClose", TestBuffersDuringClose},
 }
 
 // notInConformanceSuite is every other test of this package, with the reason it stays out.

@@ -27,7 +27,7 @@ type Tier struct {
 	shards    []*shard          // one per ring (one for the sync engine); immutable after Open
 	ready     chan struct{}     // capacity 1: results are waiting
 	buffers   [][]byte          // aligned buffers offered to callers; immutable after Open
-	bufMem    []byte            // the mapping behind buffers
+	bufMem    []byte            // the mapping behind buffers; nil once Close has unmapped it
 	bufStride int               // distance between buffers in bufMem
 
 	calls sync.WaitGroup // submits and cancels between their closed check and their hand-over to shards
