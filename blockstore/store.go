@@ -212,10 +212,15 @@ func (s *Store) ensure(dir string, keep int) error {
 		if ok {
 			continue
 		}
-		created := true
-		if err := ignoringEINTR(func() error { return unix.Mkdir(sub, dirMode) }); err == unix.EEXIST {
-			created = false
-		} else if err != nil {
+		err := ignoringEINTR(func() error { return unix.Mkdir(sub, dirMode) })
+		created := err == nil
+		if err == unix.EEXIST {
+			// EEXIST says only that the name is taken. A file there
+			// fails here, naming it, rather than as a puzzling ENOTDIR
+			// of a later create under it.
+			err = isDir(sub)
+		}
+		if err != nil {
 			return &os.PathError{Op: "mkdir", Path: sub, Err: err}
 		}
 		if created && s.durability == DurabilityFull {
@@ -226,6 +231,19 @@ func (s *Store) ensure(dir string, keep int) error {
 		s.dirsMu.Lock()
 		s.dirs[sub] = struct{}{}
 		s.dirsMu.Unlock()
+	}
+	return nil
+}
+
+// isDir returns nil if path is a directory or a symlink to one (as
+// O_DIRECTORY accepts), ENOTDIR if it is something else, or stat's errno.
+func isDir(path string) error {
+	var st unix.Stat_t
+	if err := ignoringEINTR(func() error { return unix.Stat(path, &st) }); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return unix.ENOTDIR
 	}
 	return nil
 }

@@ -226,6 +226,56 @@ func TestDirectoryVanishes(t *testing.T) {
 	assert.Equal(t, filepath.Join(s.Root(), "other"), dir)
 }
 
+// TestDirectoryIsAFile puts a regular file where the namespace or a
+// fan-out directory belongs: NamespaceDir, EnsureDir and Put fail with
+// ENOTDIR naming that file (mkdir's EEXIST alone does not say a directory
+// is there), and work once it is gone. A symlink to a directory is a
+// directory, as it is for O_DIRECTORY.
+func TestDirectoryIsAFile(t *testing.T) {
+	key := testKey(1, 32)
+	fanout := string(FanoutLayout{}.AppendDir(nil, key)) // "aa/bb"
+	for _, c := range []struct {
+		name  string
+		where string // relative to the root
+		link  bool   // a symlink to a directory rather than a file
+	}{
+		{"namespace", "ns", false},
+		{"upper fan-out", "ns/" + fanout[:2], false},
+		{"lower fan-out", "ns/" + fanout, false},
+		{"namespace symlink", "ns", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := openTestStore(t, Options{})
+			obstacle := filepath.Join(s.Root(), c.where)
+			require.NoError(t, os.MkdirAll(filepath.Dir(obstacle), 0o755))
+			if c.link {
+				target := t.TempDir()
+				require.NoError(t, os.Symlink(target, obstacle))
+				require.NoError(t, s.Put("ns", key, []byte("x")))
+				assert.FileExists(t, filepath.Join(target, fanout, string(FanoutLayout{}.AppendPath(nil, key)[len(fanout)+1:])))
+				return
+			}
+			require.NoError(t, os.WriteFile(obstacle, nil, 0o644))
+			checks := map[string]func() error{
+				"EnsureDir": func() error { return s.EnsureDir("ns", key) },
+				"Put":       func() error { return s.Put("ns", key, []byte("x")) },
+			}
+			if c.where == "ns" {
+				checks["NamespaceDir"] = func() error { _, err := s.NamespaceDir("ns"); return err }
+			}
+			for name, f := range checks {
+				err := f()
+				require.ErrorIs(t, err, unix.ENOTDIR, name)
+				var pe *fs.PathError
+				require.ErrorAs(t, err, &pe, name)
+				assert.Equal(t, obstacle, pe.Path, "%s: %v", name, err)
+			}
+			require.NoError(t, os.Remove(obstacle))
+			require.NoError(t, s.Put("ns", key, []byte("x")), "the directories are made once the file is gone")
+		})
+	}
+}
+
 func TestEnsureDirNoAllocs(t *testing.T) {
 	s := openTestStore(t, Options{})
 	key := testKey(1, 32)

@@ -11,7 +11,7 @@ func (t *Tier) allocBuffers() error {
 	if t.opts.Buffers == 0 {
 		return nil
 	}
-	stride := (t.opts.BlockSize + blockstore.HeaderSize - 1) / blockstore.HeaderSize * blockstore.HeaderSize
+	stride := bufferStride(t.opts.BlockSize)
 	mem, err := uring.AllocBuffer(stride * t.opts.Buffers)
 	if err != nil {
 		return err
@@ -23,15 +23,29 @@ func (t *Tier) allocBuffers() error {
 	return nil
 }
 
-// freeBuffers unmaps the buffers, once no kernel operation can use them.
+// bufferStride is the distance between two buffers of blockSize: each
+// starts aligned for O_DIRECT.
+func bufferStride(blockSize int) int {
+	return (blockSize + blockstore.HeaderSize - 1) / blockstore.HeaderSize * blockstore.HeaderSize
+}
+
+// freeBuffers unmaps the buffers once no kernel operation can use them. It
+// leaves t.buffers alone, which Buffers may be reading meanwhile; the
+// owners, the only readers of t.bufMem, are gone.
 func (t *Tier) freeBuffers() {
 	if t.bufMem != nil {
 		uring.FreeBuffer(t.bufMem)
-		t.bufMem, t.buffers = nil, nil
+		t.bufMem = nil
 	}
 }
 
 // Buffers returns the tier's aligned buffers (Options.Buffers of them,
 // BlockSize each): the fastest path for loads and stores, registered with
-// every ring and suitable for O_DIRECT. They are valid until Close.
-func (t *Tier) Buffers() [][]byte { return t.buffers }
+// every ring and suitable for O_DIRECT. They are valid until Close; once
+// Close has been called, Buffers returns nil.
+func (t *Tier) Buffers() [][]byte {
+	if t.closed.Load() {
+		return nil
+	}
+	return t.buffers
+}

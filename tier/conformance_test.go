@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -20,7 +21,6 @@ import (
 
 	"github.com/uringtier/uringtier/blockstore"
 	"github.com/uringtier/uringtier/linux_test/noring"
-	"golang.org/x/sys/unix"
 )
 
 func TestMain(m *testing.M) {
@@ -392,17 +392,58 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestOpenRejectsBadOptions(t *testing.T) {
+	type bad struct {
+		name string
+		opts Options
+		want []string // what the error must say: the option, its value, its bound
+	}
+	cases := []bad{
+		{"no BlockSize", Options{}, []string{"BlockSize 0"}},
+		{"negative BlockSize", Options{BlockSize: -1}, []string{"BlockSize -1"}},
+		{"Namespace", Options{BlockSize: 4096, Namespace: "../x"}, []string{"namespace"}},
+		{"negative Depth", Options{BlockSize: 4096, Depth: -1}, []string{"Depth -1"}},
+		{"negative LookupTimeout", Options{BlockSize: 4096, LookupTimeout: -time.Second}, []string{"duration"}},
+		{"Durability", Options{BlockSize: 4096, Durability: 7}, []string{"Durability 7"}},
+		{"Buffers×BlockSize", Options{BlockSize: 1 << 30, Buffers: 1 << 10},
+			[]string{"Buffers 1024 of BlockSize 1073741824", fmt.Sprint(buffersSizeBound)}},
+	}
+	limits := []struct {
+		name  string
+		set   func(o *Options, v int)
+		bound int
+	}{
+		{"Depth", func(o *Options, v int) { o.Depth = v }, depthBound},
+		{"BatchMax", func(o *Options, v int) { o.BatchMax = v }, batchMaxBound},
+		{"LookupCacheSize", func(o *Options, v int) { o.LookupCacheSize = v }, lookupCacheSizeBound},
+		{"Rings", func(o *Options, v int) { o.Rings = v }, ringsBound},
+		{"OpsMax", func(o *Options, v int) { o.OpsMax = v }, opsMaxBound},
+		{"WorkersMax", func(o *Options, v int) { o.WorkersMax = v }, workersMaxBound},
+		{"SyncWorkers", func(o *Options, v int) { o.SyncWorkers = v }, syncWorkersBound},
+		{"BreakerThreshold", func(o *Options, v int) { o.BreakerThreshold = v }, breakerThresholdBound},
+		{"Buffers", func(o *Options, v int) { o.Buffers = v }, buffersBound},
+	}
+	for _, l := range limits {
+		for _, v := range []int{l.bound + 1, 1 << 50, math.MaxInt} {
+			o := Options{BlockSize: 4096}
+			l.set(&o, v)
+			want := []string{fmt.Sprintf("%s %d", l.name, v), fmt.Sprintf("to %d", l.bound)}
+			cases = append(cases, bad{fmt.Sprintf("%s=%d", l.name, v), o, want})
+		}
+	}
 	dir := t.TempDir()
-	for _, o := range []Options{
-		{},
-		{BlockSize: -1},
-		{BlockSize: 4096, Namespace: "../x"},
-		{BlockSize: 4096, Depth: -1},
-		{BlockSize: 4096, LookupTimeout: -time.Second},
-		{BlockSize: 4096, OpsMax: 1 << 20},
-	} {
-		_, err := Open(dir, o)
-		assert.ErrorIs(t, err, ErrInvalidOptions, "%+v", o)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var tr *Tier
+			var err error
+			require.NotPanics(t, func() { tr, err = Open(dir, c.opts) })
+			if tr != nil {
+				tr.Close(context.Background())
+			}
+			require.ErrorIs(t, err, ErrInvalidOptions)
+			for _, w := range c.want {
+				assert.ErrorContains(t, err, w)
+			}
+		})
 	}
 	t.Setenv(EngineEnv, "bogus")
 	_, err := Open(dir, Options{BlockSize: 4096})
@@ -618,13 +659,7 @@ func ExampleTier() {
 // fixed-file table larger than RLIMIT_NOFILE): Open returns the error and
 // leaves no goroutine or ring behind (goleak checks at exit).
 func TestOpenFailsCleanly(t *testing.T) {
-	var old unix.Rlimit
-	require.NoError(t, unix.Getrlimit(unix.RLIMIT_NOFILE, &old))
-	low := old
-	low.Cur = min(1024, old.Max)
-	require.NoError(t, unix.Setrlimit(unix.RLIMIT_NOFILE, &low))
-	t.Cleanup(func() { require.NoError(t, unix.Setrlimit(unix.RLIMIT_NOFILE, &old)) })
-
+	lowerNoFile(t)
 	tr, err := Open(t.TempDir(), Options{BlockSize: testBlockSize, Engine: EngineURing, OpsMax: 4096})
 	require.Error(t, err)
 	assert.Nil(t, tr)

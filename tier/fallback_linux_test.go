@@ -38,6 +38,10 @@ var conformanceSuite = []struct {
 	{"TestBurstLoadBiggerThanSQ", TestBurstLoadBiggerThanSQ},
 	{"TestBurstStoresIntoNewDirectories", TestBurstStoresIntoNewDirectories},
 	{"TestBlocksSpanManyChunks", TestBlocksSpanManyChunks},
+	{"TestFailedOpenReleasesBuffers", TestFailedOpenReleasesBuffers},
+	{"TestDirectoryIsAFile", TestDirectoryIsAFile},
+	{"TestAfterClose", TestAfterClose},
+	{"TestBuffersDuringClose", TestBuffersDuringClose},
 }
 
 // notInConformanceSuite is every other test of this package, with the reason it stays out.

@@ -85,6 +85,25 @@ func (l LookupOp) String() string {
 	return fmt.Sprintf("LookupOp(%d)", uint8(l))
 }
 
+// Upper bounds of the size and count options, which Open checks. Each is
+// far above any useful value, and low enough that what Open allocates from
+// it, or asks of the kernel, stays sane.
+const (
+	depthBound            = 1 << 16 // request slots, allocated by Open: about 16 MiB
+	batchMaxBound         = 1 << 20 // a request's key offsets and counts are int32
+	lookupCacheSizeBound  = 1 << 24 // entries per ring: about 1.6 GiB each when full
+	ringsBound            = 64      // a request marks its rings in a uint64
+	opsMaxBound           = 1 << 16 // op slots and their kernel memory, allocated per ring by Open
+	workersMaxBound       = 1 << 12 // kernel worker threads per ring
+	syncWorkersBound      = 1 << 12 // goroutines of the sync engine
+	breakerThresholdBound = opsMaxBound
+	// buffersBound: a ring registers at most 16,384 buffers
+	// (IORING_MAX_REG_BUFFERS, io_uring/rsrc.h), and the tier's own header
+	// buffer is one of them.
+	buffersBound     = 1<<14 - 1
+	buffersSizeBound = 1 << 36 // bytes of Buffers, mapped by Open: 64 GiB
+)
+
 // Options configure a Tier. Zero values take the documented defaults.
 type Options struct {
 	// BlockSize is every block's payload size in bytes. Required.
@@ -95,9 +114,10 @@ type Options struct {
 	// Engine picks the engine; EngineAuto by default.
 	Engine EngineKind
 	// Depth is how many requests may be submitted and not yet polled;
-	// beyond it submits return ErrBusy. Default 256.
+	// beyond it submits return ErrBusy. Default 256, at most 65,536.
 	Depth int
-	// BatchMax is the most keys in one request. Default 4096.
+	// BatchMax is the most keys in one request. Default 4096, at most
+	// 1,048,576.
 	BatchMax int
 	// LookupTimeout is a lookup key's deadline, from submit. Default 5s.
 	LookupTimeout time.Duration
@@ -106,37 +126,44 @@ type Options struct {
 	// LookupCacheTTL: a lookup answered this recently is answered from
 	// memory. Zero disables the cache. Default 0.
 	LookupCacheTTL time.Duration
-	// LookupCacheSize bounds the cache's entries. Default 1<<20.
+	// LookupCacheSize bounds the cache's entries, per ring. Default 1<<20,
+	// at most 1<<24.
 	LookupCacheSize int
 	// Durability of stores; blockstore.DurabilityNone by default (safe for
 	// a cache: a block torn by a power loss fails its checksum).
 	Durability blockstore.Durability
 	// Rings is the number of io_uring instances, each with its own owner
-	// thread; keys are spread over them by hash. Default: GOMAXPROCS/2,
-	// at least 1 and at most 4. An owner waiting for completions holds a
-	// Go P in its system call; with as many rings as Ps, a caller woken by
-	// an owner waits for the runtime's sysmon to retake a P (measured on 2
-	// CPUs: a round trip of 8 lookups took 105 µs to 10 ms with 2 rings,
-	// 35–48 µs with one; BenchmarkLookupRoundTrip).
+	// thread; keys are spread over them by hash; at most 64. Default:
+	// GOMAXPROCS/2, at least 1 and at most 4. An owner waiting for
+	// completions holds a Go P in its system call; with as many rings as
+	// Ps, a caller woken by an owner waits for the runtime's sysmon to
+	// retake a P (measured on 2 CPUs: a round trip of 8 lookups took
+	// 105 µs to 10 ms with 2 rings, 35–48 µs with one;
+	// BenchmarkLookupRoundTrip).
 	Rings int
 	// OpsMax is how many key operations one ring (or the sync engine) has
-	// in flight at most. Default 1024.
+	// in flight at most. Default 1024, at most 65,536.
 	OpsMax int
 	// WorkersMax limits the kernel worker threads of each ring (bounded
 	// and unbounded alike), so a hung filesystem holds at most that many.
-	// Default 64.
+	// Default 64, at most 4,096.
 	WorkersMax int
-	// SyncWorkers is the sync engine's goroutine count. Default 16.
+	// SyncWorkers is the sync engine's goroutine count. Default 16, at
+	// most 4,096.
 	SyncWorkers int
 	// BreakerThreshold is how many stuck operations (past their deadline
-	// and not answered) open the circuit breaker. Default 64.
+	// and not answered) open the circuit breaker. Default 64, at most
+	// 65,536; above OpsMax it never opens, since a ring holds at most
+	// OpsMax operations.
 	BreakerThreshold int
 	// Lookup picks the io_uring lookup operation; LookupStatx by default.
 	Lookup LookupOp
 	// NoDirect turns O_DIRECT off for loads even where it works.
 	NoDirect bool
 	// Buffers is how many aligned, registered buffers of BlockSize the
-	// tier allocates for callers (Tier.Buffers). Default 0.
+	// tier allocates for callers (Tier.Buffers). Default 0, at most 16,383
+	// (a ring registers at most 16,384 buffers, one of them the tier's
+	// own) and 64 GiB in all.
 	Buffers int
 }
 
@@ -174,22 +201,41 @@ func (o *Options) validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...)
 	}
-	switch {
-	case o.BlockSize <= 0 || int64(o.BlockSize) > blockstore.PayloadSizeMax:
+	if o.BlockSize <= 0 || int64(o.BlockSize) > blockstore.PayloadSizeMax {
 		return bad("BlockSize %d (want 1 to %d)", o.BlockSize, blockstore.PayloadSizeMax)
-	case o.Depth < 0, o.BatchMax < 0, o.Rings < 0, o.OpsMax < 0, o.WorkersMax < 0, o.SyncWorkers < 0,
-		o.BreakerThreshold < 0, o.LookupCacheSize < 0, o.Buffers < 0:
-		return bad("negative limit")
-	case o.OpsMax > 1<<16:
-		return bad("OpsMax %d (at most 65536)", o.OpsMax)
-	case o.Rings > 64:
-		return bad("Rings %d (at most 64)", o.Rings)
+	}
+	// Defaults are applied: only Buffers may still be zero.
+	for _, l := range []struct {
+		name      string
+		v, lo, hi int
+	}{
+		{"Depth", o.Depth, 1, depthBound},
+		{"BatchMax", o.BatchMax, 1, batchMaxBound},
+		{"LookupCacheSize", o.LookupCacheSize, 1, lookupCacheSizeBound},
+		{"Rings", o.Rings, 1, ringsBound},
+		{"OpsMax", o.OpsMax, 1, opsMaxBound},
+		{"WorkersMax", o.WorkersMax, 1, workersMaxBound},
+		{"SyncWorkers", o.SyncWorkers, 1, syncWorkersBound},
+		{"BreakerThreshold", o.BreakerThreshold, 1, breakerThresholdBound},
+		{"Buffers", o.Buffers, 0, buffersBound},
+	} {
+		if l.v < l.lo || l.v > l.hi {
+			return bad("%s %d (want %d to %d)", l.name, l.v, l.lo, l.hi)
+		}
+	}
+	// Both factors are bounded above, so the product cannot overflow.
+	if n := int64(o.Buffers) * int64(bufferStride(o.BlockSize)); n > buffersSizeBound {
+		return bad("Buffers %d of BlockSize %d map %d bytes (want at most %d)", o.Buffers, o.BlockSize, n, buffersSizeBound)
+	}
+	switch {
 	case o.LookupTimeout < 0 || o.IOTimeout < 0 || o.LookupCacheTTL < 0:
 		return bad("negative duration")
 	case o.Engine > EngineSync:
 		return bad("engine %v", o.Engine)
 	case o.Lookup > LookupOpenPath:
 		return bad("lookup op %d", o.Lookup)
+	case o.Durability > blockstore.DurabilityFull:
+		return bad("Durability %d (want none, data or full)", o.Durability)
 	}
 	if err := blockstore.ValidateNamespace(o.Namespace); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidOptions, err)

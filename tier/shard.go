@@ -184,6 +184,9 @@ func (s *shard) loop() {
 		}
 		s.startKeys(now)
 		next := s.expire(now)
+		// Counted here, not at intake: what is left now waits for op
+		// slots, and a loop that ends below leaves the count at zero.
+		s.queued.Store(int64(len(s.work)))
 		if s.closing && s.inUse == 0 && len(s.work) == 0 {
 			break
 		}
@@ -262,7 +265,6 @@ func (s *shard) intake() bool {
 		s.cacheEpoch = e
 		clear(s.cache)
 	}
-	s.queued.Store(int64(len(s.work)))
 	return abandon
 }
 
@@ -574,6 +576,7 @@ func (s *shard) abandonAll() {
 		s.t.settle(r)
 	}
 	s.work = s.work[:0]
+	s.queued.Store(0)
 	err := fmt.Errorf("%w: %w", ErrCanceled, ErrStuck)
 	for j := range s.ops {
 		o := &s.ops[j]

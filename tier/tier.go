@@ -27,13 +27,16 @@ type Tier struct {
 	shards    []*shard          // one per ring (one for the sync engine); immutable after Open
 	ready     chan struct{}     // capacity 1: results are waiting
 	buffers   [][]byte          // aligned buffers offered to callers; immutable after Open
-	bufMem    []byte            // the mapping behind buffers
+	bufMem    []byte            // the mapping behind buffers; nil once Close has unmapped it
 	bufStride int               // distance between buffers in bufMem
 
 	calls sync.WaitGroup // submits and cancels between their closed check and their hand-over to shards
+	// closed: Close was called. Set under mu, so that a check under mu
+	// orders a submit or cancel against Close; read without it where a
+	// stale false costs nothing (a later check under mu follows).
+	closed atomic.Bool
 
 	mu       sync.Mutex       // guards everything below
-	closed   bool             // Close was called
 	reqs     []request        // request slots, len Depth
 	free     []int32          // free request slots
 	byID     map[uint64]int32 // request ID -> slot, for requests not yet polled
@@ -153,12 +156,16 @@ func Open(dir string, opts Options) (*Tier, error) {
 }
 
 func (t *Tier) startEngine() error {
+	// Before anything is allocated, so that refusing EngineURing leaves
+	// nothing to release.
 	kind := t.opts.Engine
-	if kind == EngineAuto {
-		kind = EngineURing
-		if err := uring.Available(); err != nil {
-			kind = EngineSync
-			t.engine.Fallback = err.Error()
+	if kind != EngineSync {
+		if err := uring.Available(); err == nil {
+			kind = EngineURing
+		} else if kind == EngineURing {
+			return fmt.Errorf("tier: engine uring: %w", err)
+		} else {
+			kind, t.engine.Fallback = EngineSync, err.Error()
 		}
 	}
 	t.engine.Kind = kind
@@ -173,9 +180,6 @@ func (t *Tier) startEngine() error {
 		t.shards = []*shard{newShard(t, 0, newSyncBackend(t))}
 		go t.shards[0].run()
 		return nil
-	}
-	if err := uring.Available(); err != nil {
-		return fmt.Errorf("tier: engine uring: %w", err)
 	}
 	t.engine.Rings = t.opts.Rings
 	for i := range t.opts.Rings {
@@ -193,6 +197,7 @@ func (t *Tier) startEngine() error {
 		}
 	}
 	if first != nil {
+		// Close stops the rings that did start and frees the buffers.
 		t.Close(context.Background())
 		return first
 	}
@@ -243,11 +248,16 @@ func (t *Tier) Store(req uint64, keys [][]byte, bufs [][]byte) error {
 }
 
 func (t *Tier) submit(id uint64, op Op, prefixOnly bool, keys [][]byte, bufs [][]byte) error {
+	// Closed first: after Close every call returns ErrClosed, also one
+	// that is invalid besides.
+	if t.closed.Load() {
+		return ErrClosed
+	}
 	if err := t.validate(op, keys, bufs); err != nil {
 		return err
 	}
 	t.mu.Lock()
-	if t.closed {
+	if t.closed.Load() {
 		t.mu.Unlock()
 		return ErrClosed
 	}
@@ -459,7 +469,7 @@ func (t *Tier) freeSlot(slot int32) {
 func (t *Tier) Cancel(req uint64) bool {
 	t.mu.Lock()
 	slot, ok := t.byID[req]
-	if !ok || t.reqs[slot].published || t.closed {
+	if !ok || t.reqs[slot].published || t.closed.Load() {
 		t.mu.Unlock()
 		return false
 	}
@@ -488,12 +498,12 @@ func (t *Tier) Cancel(req uint64) bool {
 // second Close returns the first one's result.
 func (t *Tier) Close(ctx context.Context) error {
 	t.mu.Lock()
-	if t.closed {
+	if t.closed.Load() {
 		t.mu.Unlock()
 		<-t.closeCh
 		return t.closeErr
 	}
-	t.closed = true
+	t.closed.Store(true)
 	t.mu.Unlock()
 	t.calls.Wait() // no submit or cancel is half-way to a shard
 	t.draining.Add(1)
