@@ -9,7 +9,7 @@ import (
 
 	"github.com/dustin/go-humanize"
 
-	"github.com/uringtier/uringtier/linux_test/faultfs"
+	"github.com/uringtier/uringtier/internal/faultfs"
 	"github.com/uringtier/uringtier/tier"
 	"github.com/uringtier/uringtier/uring"
 )
