@@ -34,21 +34,9 @@ func cmdRun(ctx context.Context, c *config) (err error) {
 	if !c.json {
 		printHeader(c.stdout, s, pop)
 	}
-	unmount, err := s.mountLatency()
+	all, err := s.runEngines(ctx, []string{"lookup", "load", "store"})
 	if err != nil {
 		return err
-	}
-	var all []*result
-	for _, kind := range s.engines() {
-		rs, err := s.runEngine(ctx, kind, []string{"lookup", "load", "store"})
-		all = append(all, rs...)
-		if err != nil {
-			unmount()
-			return fmt.Errorf("engine %s: %w", kind, err)
-		}
-	}
-	if err := unmount(); err != nil {
-		return fmt.Errorf("--latency: unmount: %w", err)
 	}
 	return s.interrupted(ctx, s.report(all))
 }

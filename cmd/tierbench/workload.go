@@ -49,21 +49,9 @@ func cmdWorkload(name string) func(context.Context, *config) error {
 			fmt.Fprintf(c.stdout, "tierbench %s: %s in %s (namespace %s): %s blocks of %s\n", name, s.limitText(), c.dir, c.namespace,
 				humanize.Comma(int64(m.Blocks)), humanize.IBytes(uint64(m.BlockSize)))
 		}
-		unmount, err := s.mountLatency()
+		all, err := s.runEngines(ctx, []string{name})
 		if err != nil {
 			return err
-		}
-		var all []*result
-		for _, kind := range s.engines() {
-			rs, err := s.runEngine(ctx, kind, []string{name})
-			all = append(all, rs...)
-			if err != nil {
-				unmount()
-				return fmt.Errorf("engine %s: %w", kind, err)
-			}
-		}
-		if err := unmount(); err != nil {
-			return fmt.Errorf("--latency: unmount: %w", err)
 		}
 		if name == "store" {
 			if err := writeManifest(c.dir, c.namespace, s.m); err != nil {
@@ -72,6 +60,28 @@ func cmdWorkload(name string) func(context.Context, *config) error {
 		}
 		return s.interrupted(ctx, s.report(all))
 	}
+}
+
+// runEngines runs the named workloads with each engine --engine names, in
+// turn, through the FUSE latency while --latency asks for it.
+func (s *session) runEngines(ctx context.Context, names []string) ([]*result, error) {
+	unmount, err := s.mountLatency()
+	if err != nil {
+		return nil, err
+	}
+	var all []*result
+	for _, kind := range s.engines() {
+		rs, err := s.runEngine(ctx, kind, names)
+		all = append(all, rs...)
+		if err != nil {
+			unmount()
+			return nil, fmt.Errorf("engine %s: %w", kind, err)
+		}
+	}
+	if err := unmount(); err != nil {
+		return nil, fmt.Errorf("--latency: unmount: %w", err)
+	}
+	return all, nil
 }
 
 // workloadOps maps a workload's name to the operation it submits.
