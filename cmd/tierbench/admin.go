@@ -24,11 +24,3 @@ func openStore(c *config) (*blockstore.Store, error) {
 func printJSON(c *config, v any) error {
 	return json.NewEncoder(c.stdout).Encode(v)
 }
-
-// nsText names the namespaces a command covers.
-func nsText(ns string) string {
-	if ns == "" {
-		return "every namespace"
-	}
-	return "namespace " + ns
-}

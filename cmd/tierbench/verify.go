@@ -72,3 +72,11 @@ func cmdVerify(_ context.Context, c *config) error {
 	}
 	return nil
 }
+
+// nsText names the namespaces a command covers.
+func nsText(ns string) string {
+	if ns == "" {
+		return "every namespace"
+	}
+	return "namespace " + ns
+}
