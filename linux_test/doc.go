@@ -3,7 +3,7 @@
 // after crashes, and with several processes at once. Each test skips with its reason when the machine
 // lacks a capability (not root, no /dev/fuse); on CI, which has them all, none may skip.
 //
-// Helpers live in subpackages: faultfs mounts a fault-injecting FUSE filesystem, noring re-runs the
-// test binary in a child process without io_uring. Because of noring, this package's TestMain calls
-// noring.InstallFilterFromEnv before anything else.
+// Helpers live in other packages: internal/faultfs mounts a fault-injecting FUSE filesystem, the
+// subpackage noring re-runs the test binary in a child process without io_uring. Because of noring,
+// this package's TestMain calls noring.InstallFilterFromEnv before anything else.
 package linux_test

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/uringtier/uringtier/linux_test/faultfs"
+	"github.com/uringtier/uringtier/internal/faultfs"
 	"github.com/uringtier/uringtier/tier"
 )
 

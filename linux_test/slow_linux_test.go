@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/uringtier/uringtier/linux_test/faultfs"
+	"github.com/uringtier/uringtier/internal/faultfs"
 	"github.com/uringtier/uringtier/tier"
 )
 

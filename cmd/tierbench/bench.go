@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/uringtier/uringtier/tier"
@@ -30,52 +29,6 @@ type limits struct {
 	progress func(done int64) // called after each polled result; may be nil
 }
 
-// result is one engine × workload measurement. The JSON fields up to
-// caller_max_us are the documented interface; later ones may be added to.
-type result struct {
-	Engine      string    `json:"engine"`
-	Workload    string    `json:"workload"`
-	Keys        int64     `json:"keys"`
-	Batches     int64     `json:"batches"`
-	Seconds     float64   `json:"seconds"`
-	KeysPerSec  float64   `json:"keys_per_sec"`
-	BytesPerSec float64   `json:"bytes_per_sec"`
-	Found       int64     `json:"found"`
-	Errors      int64     `json:"errors"`
-	LatencyUS   latencyUS `json:"latency_us"`
-	CallerMaxUS float64   `json:"caller_max_us"`
-	Missing     int64     `json:"missing"`
-	Batch       int       `json:"batch"`
-	Depth       int       `json:"depth"`
-	BlockSize   int       `json:"block_size"`
-	Busy        uint64    `json:"busy"`
-	Shared      uint64    `json:"shared"`
-	Direct      bool      `json:"direct"`
-	Dir         string    `json:"dir"`
-	Cold        bool      `json:"cold"`
-	SubmitMaxUS float64   `json:"submit_max_us"`
-	PollMaxUS   float64   `json:"poll_max_us"`
-	FirstError  string    `json:"first_error,omitempty"`
-	engineInfo  tier.EngineInfo
-	latencies   []time.Duration
-	callerMax   time.Duration // the longer of submitMax and pollMax
-	submitMax   time.Duration // the longest Lookup, Load or Store call
-	pollMax     time.Duration // the longest Poll call
-	elapsed     time.Duration
-	bytes       int64
-	startBusy   uint64
-	startShared uint64
-}
-
-// latencyUS is a batch latency distribution in microseconds: from the
-// submit call to the Poll call that returned the batch's result.
-type latencyUS struct {
-	P50  float64 `json:"p50"`
-	P99  float64 `json:"p99"`
-	P999 float64 `json:"p999"`
-	Max  float64 `json:"max"`
-}
-
 // inflight is one submitted batch, in the slot its request ID names.
 type inflight struct {
 	busy  bool
@@ -85,199 +38,259 @@ type inflight struct {
 	bufs  [][]byte
 }
 
+// driver is the state of one drive call, owned by the goroutine running it.
+type driver struct {
+	ctx     context.Context
+	tr      *tier.Tier
+	w       workload
+	depth   int
+	lim     limits
+	res     *result       // what drive returns; filled as batches are polled
+	slots   []inflight    // one per batch in flight; slot s has request IDs ≡ s mod depth
+	free    []int         // slots ready for a batch, the next one last
+	results []tier.Result // Poll's destination, reused
+
+	seq       uint64 // batches submitted: the next request ID is seq × depth + slot
+	submitted int64  // keys submitted
+	done      int64  // keys whose results were polled
+	inFlight  int    // batches submitted and not yet polled
+	firstErr  error  // the first key that failed
+	submitErr error  // why submitting stopped early: a failed submit, or no slot left
+
+	deadline    time.Time       // with lim.keys == 0, when submitting stops
+	safety      *time.Timer     // wakes the wait when Ready stays quiet
+	interrupted <-chan struct{} // ctx.Done() until the interrupt has been handled, then nil
+}
+
 // drive runs w on tr with depth batches in flight until lim says stop,
 // then waits for every batch. bufs are depth × w.batch buffers of the
 // tier's block size for loads and stores (nil for lookups). Request IDs
 // are seq × depth + slot, so a result names its slot without a map.
 func drive(ctx context.Context, tr *tier.Tier, w workload, depth int, bufs [][]byte, lim limits) *result {
-	res := &result{Workload: w.name, Batch: w.batch, Depth: depth, BlockSize: tr.BlockSize()}
+	d := newDriver(ctx, tr, w, depth, bufs, lim)
+	start := time.Now()
+	d.deadline = start.Add(lim.duration)
+	d.safety = time.NewTimer(time.Second)
+	defer d.safety.Stop()
+	d.loop()
+	d.finish(start)
+	return d.res
+}
+
+// newDriver sets up the slots, each with its keys and its share of bufs,
+// all free, and notes the tier's counters at the start.
+func newDriver(ctx context.Context, tr *tier.Tier, w workload, depth int, bufs [][]byte, lim limits) *driver {
+	d := &driver{
+		ctx: ctx, tr: tr, w: w, depth: depth, lim: lim,
+		res:         &result{Workload: w.name, Batch: w.batch, Depth: depth, BlockSize: tr.BlockSize()},
+		slots:       make([]inflight, depth),
+		free:        make([]int, 0, depth),
+		results:     make([]tier.Result, depth),
+		interrupted: ctx.Done(),
+	}
 	st := tr.Stats()
-	res.startBusy, res.startShared = st.Busy, st.Shared
-	slots := make([]inflight, depth)
-	for s := range slots {
-		slots[s].keys = make([][]byte, w.batch)
+	d.res.startBusy, d.res.startShared = st.Busy, st.Shared
+	for s := range d.slots {
+		d.slots[s].keys = make([][]byte, w.batch)
 		if bufs != nil {
-			slots[s].bufs = bufs[s*w.batch : (s+1)*w.batch]
+			d.slots[s].bufs = bufs[s*w.batch : (s+1)*w.batch]
 		}
 	}
-	results := make([]tier.Result, depth)
-	free := make([]int, 0, depth)
 	for s := depth - 1; s >= 0; s-- {
-		free = append(free, s)
+		d.free = append(d.free, s)
 	}
-	var (
-		seq         uint64
-		submitted   int64
-		done        int64
-		inFlight    int
-		firstErr    error
-		submitErr   error
-		start       = time.Now()
-		deadline    = start.Add(lim.duration)
-		safety      = time.NewTimer(time.Second)
-		interrupted = ctx.Done()
-	)
-	defer safety.Stop()
-	more := func(now time.Time) bool {
-		if submitErr != nil || ctx.Err() != nil {
-			return false
-		}
-		if lim.keys > 0 {
-			return submitted < lim.keys
-		}
-		return now.Before(deadline)
-	}
-	observe := func(longest *time.Duration, d time.Duration) {
-		*longest = max(*longest, d)
-		res.callerMax = max(res.callerMax, d)
-	}
+	return d
+}
+
+// loop submits into every free slot, waits for the tier, polls, and again,
+// until submitting has stopped and nothing is in flight.
+func (d *driver) loop() {
 	for {
-		for len(free) > 0 && more(time.Now()) {
-			s := free[len(free)-1]
-			sl := &slots[s]
-			n := w.batch
-			if lim.keys > 0 {
-				n = int(min(int64(n), lim.keys-submitted))
+		d.submitFree()
+		if d.inFlight == 0 && (!d.more(time.Now()) || len(d.free) == 0) {
+			if len(d.free) == 0 && d.submitErr == nil {
+				d.submitErr = fmt.Errorf("%s: every batch's buffers are held by a filesystem that does not answer", d.w.name)
 			}
-			keys := sl.keys[:n]
-			var b [][]byte
-			if sl.bufs != nil {
-				b = sl.bufs[:n]
-			}
-			w.fill(keys, b)
-			req := seq*uint64(depth) + uint64(s)
-			t0 := time.Now()
-			var err error
-			switch w.op {
-			case tier.OpLookup:
-				err = tr.Lookup(req, keys)
-			case tier.OpLoad:
-				err = tr.Load(req, keys, b)
-			case tier.OpStore:
-				err = tr.Store(req, keys, b)
-			}
-			observe(&res.submitMax, time.Since(t0))
-			if errors.Is(err, tier.ErrBusy) {
-				break // the tier's depth is full: poll first
-			}
-			if err != nil {
-				submitErr = fmt.Errorf("%s: submit: %w", w.name, err)
-				break
-			}
-			free = free[:len(free)-1]
-			sl.busy, sl.req, sl.start = true, req, t0
-			seq++
-			inFlight++
-			submitted += int64(n)
+			return
 		}
-		if inFlight == 0 && (!more(time.Now()) || len(free) == 0) {
-			if len(free) == 0 && submitErr == nil {
-				submitErr = fmt.Errorf("%s: every batch's buffers are held by a filesystem that does not answer", w.name)
-			}
-			break
+		d.wait()
+		d.pollAll()
+	}
+}
+
+// more reports whether another batch may be submitted at now.
+func (d *driver) more(now time.Time) bool {
+	if d.submitErr != nil || d.ctx.Err() != nil {
+		return false
+	}
+	if d.lim.keys > 0 {
+		return d.submitted < d.lim.keys
+	}
+	return now.Before(d.deadline)
+}
+
+// submitFree submits a batch into each free slot while the limits allow
+// and the tier accepts.
+func (d *driver) submitFree() {
+	for len(d.free) > 0 && d.more(time.Now()) {
+		if !d.submitNext() {
+			return
 		}
-		safety.Reset(time.Second)
-		select {
-		case <-tr.Ready():
-		case <-safety.C:
-		case <-interrupted:
-			// Interrupted: cancel what is in flight and drain it.
-			interrupted = nil
-			for s := range slots {
-				if slots[s].busy {
-					tr.Cancel(slots[s].req)
-				}
-			}
-		}
-		for {
-			t0 := time.Now()
-			n := tr.Poll(results)
-			now := time.Now()
-			observe(&res.pollMax, now.Sub(t0))
-			if n == 0 {
-				break
-			}
-			for _, r := range results[:n] {
-				if r.Op == tier.OpRelease {
-					continue // a timed-out batch's buffers came back; its slot is free already
-				}
-				s := int(r.Req % uint64(depth))
-				sl := &slots[s]
-				if !sl.busy {
-					panic(fmt.Sprintf("tierbench: result for request %d in idle slot %d", r.Req, s))
-				}
-				res.latencies = append(res.latencies, now.Sub(sl.start))
-				res.Batches++
-				for j, k := range r.Keys {
-					res.Keys++
-					switch {
-					case k.Status == tier.StatusMissing || k.Status == tier.StatusSkipped:
-						res.Missing++
-					case k.Status.OK():
-						res.Found++
-						if w.op != tier.OpLookup {
-							res.bytes += int64(res.BlockSize)
-						}
-					default:
-						res.Errors++
-						if firstErr == nil {
-							firstErr = fmt.Errorf("%s: key %x: %w", k.Status, sl.keys[j], k.Err)
-						}
-					}
-				}
-				done += int64(len(r.Keys))
-				sl.busy = false
-				inFlight--
-				if r.Held == 0 {
-					free = append(free, s)
-				}
-				// else the kernel still holds this batch's buffers (a hung
-				// filesystem): the slot is never reused.
-			}
-			if lim.progress != nil {
-				lim.progress(done)
+	}
+}
+
+// submitNext fills the next free slot's batch and submits it. It returns
+// false when the tier is busy (poll first) or the submit failed
+// (submitErr says why).
+func (d *driver) submitNext() bool {
+	s := d.free[len(d.free)-1]
+	sl := &d.slots[s]
+	n := d.w.batch
+	if d.lim.keys > 0 {
+		n = int(min(int64(n), d.lim.keys-d.submitted))
+	}
+	keys := sl.keys[:n]
+	var bufs [][]byte
+	if sl.bufs != nil {
+		bufs = sl.bufs[:n]
+	}
+	d.w.fill(keys, bufs)
+	req := d.seq*uint64(d.depth) + uint64(s)
+	t0 := time.Now()
+	err := d.submit(req, keys, bufs)
+	d.observe(&d.res.submitMax, time.Since(t0))
+	if errors.Is(err, tier.ErrBusy) {
+		return false // the tier's depth is full: poll first
+	}
+	if err != nil {
+		d.submitErr = fmt.Errorf("%s: submit: %w", d.w.name, err)
+		return false
+	}
+	d.free = d.free[:len(d.free)-1]
+	sl.busy, sl.req, sl.start = true, req, t0
+	d.seq++
+	d.inFlight++
+	d.submitted += int64(n)
+	return true
+}
+
+// submit hands one batch to the tier with the workload's operation.
+func (d *driver) submit(req uint64, keys, bufs [][]byte) error {
+	switch d.w.op {
+	case tier.OpLookup:
+		return d.tr.Lookup(req, keys)
+	case tier.OpLoad:
+		return d.tr.Load(req, keys, bufs)
+	case tier.OpStore:
+		return d.tr.Store(req, keys, bufs)
+	}
+	return nil
+}
+
+// observe records dur, the length of one Lookup, Load, Store or Poll call,
+// in longest and in the caller's maximum.
+func (d *driver) observe(longest *time.Duration, dur time.Duration) {
+	*longest = max(*longest, dur)
+	d.res.callerMax = max(d.res.callerMax, dur)
+}
+
+// wait blocks until the tier has results, a second has passed, or the
+// context is done; on the first interrupt it cancels every batch in
+// flight, so that polling drains them.
+func (d *driver) wait() {
+	d.safety.Reset(time.Second)
+	select {
+	case <-d.tr.Ready():
+	case <-d.safety.C:
+	case <-d.interrupted:
+		d.interrupted = nil
+		for s := range d.slots {
+			if d.slots[s].busy {
+				d.tr.Cancel(d.slots[s].req)
 			}
 		}
 	}
+}
+
+// pollAll polls until the tier has nothing more, completing every result.
+func (d *driver) pollAll() {
+	for {
+		t0 := time.Now()
+		n := d.tr.Poll(d.results)
+		now := time.Now()
+		d.observe(&d.res.pollMax, now.Sub(t0))
+		if n == 0 {
+			return
+		}
+		for _, r := range d.results[:n] {
+			d.complete(r, now)
+		}
+		if d.lim.progress != nil {
+			d.lim.progress(d.done)
+		}
+	}
+}
+
+// complete accounts for one polled result and frees its slot, unless the
+// kernel still holds the slot's buffers.
+func (d *driver) complete(r tier.Result, now time.Time) {
+	if r.Op == tier.OpRelease {
+		return // a timed-out batch's buffers came back; its slot is free already
+	}
+	s := int(r.Req % uint64(d.depth))
+	sl := &d.slots[s]
+	if !sl.busy {
+		panic(fmt.Sprintf("tierbench: result for request %d in idle slot %d", r.Req, s))
+	}
+	d.res.latencies = append(d.res.latencies, now.Sub(sl.start))
+	d.res.Batches++
+	d.account(r.Keys, sl.keys)
+	sl.busy = false
+	d.inFlight--
+	if r.Held == 0 {
+		d.free = append(d.free, s)
+	}
+	// else the kernel still holds this batch's buffers (a hung
+	// filesystem): the slot is never reused.
+}
+
+// account counts a batch's key results, keys[j] being the key of
+// results[j], and keeps the first failure.
+func (d *driver) account(results []tier.KeyResult, keys [][]byte) {
+	res := d.res
+	for j, k := range results {
+		res.Keys++
+		switch {
+		case k.Status == tier.StatusMissing || k.Status == tier.StatusSkipped:
+			res.Missing++
+		case k.Status.OK():
+			res.Found++
+			if d.w.op != tier.OpLookup {
+				res.bytes += int64(res.BlockSize)
+			}
+		default:
+			res.Errors++
+			if d.firstErr == nil {
+				d.firstErr = fmt.Errorf("%s: key %x: %w", k.Status, keys[j], k.Err)
+			}
+		}
+	}
+	d.done += int64(len(results))
+}
+
+// finish records the elapsed time since start, the tier's counters since
+// newDriver, and the first error, then derives the rates and quantiles.
+func (d *driver) finish(start time.Time) {
+	res := d.res
 	res.elapsed = time.Since(start)
-	st = tr.Stats()
+	st := d.tr.Stats()
 	res.Busy, res.Shared = st.Busy-res.startBusy, st.Shared-res.startShared
 	switch {
-	case submitErr != nil:
-		res.FirstError = submitErr.Error()
+	case d.submitErr != nil:
+		res.FirstError = d.submitErr.Error()
 		res.Errors++
-	case firstErr != nil:
-		res.FirstError = firstErr.Error()
+	case d.firstErr != nil:
+		res.FirstError = d.firstErr.Error()
 	}
 	res.finish()
-	return res
 }
-
-// finish computes the derived figures.
-func (r *result) finish() {
-	r.Seconds = r.elapsed.Seconds()
-	if r.Seconds > 0 {
-		r.KeysPerSec = float64(r.Keys) / r.Seconds
-		r.BytesPerSec = float64(r.bytes) / r.Seconds
-	}
-	r.CallerMaxUS = us(r.callerMax)
-	r.SubmitMaxUS, r.PollMaxUS = us(r.submitMax), us(r.pollMax)
-	if len(r.latencies) == 0 {
-		return
-	}
-	slices.Sort(r.latencies)
-	r.LatencyUS = latencyUS{
-		P50:  us(quantile(r.latencies, 0.50)),
-		P99:  us(quantile(r.latencies, 0.99)),
-		P999: us(quantile(r.latencies, 0.999)),
-		Max:  us(r.latencies[len(r.latencies)-1]),
-	}
-}
-
-// quantile is the nearest-rank quantile q of sorted.
-func quantile(sorted []time.Duration, q float64) time.Duration {
-	i := int(q*float64(len(sorted))+0.999999) - 1
-	return sorted[max(0, min(i, len(sorted)-1))]
-}
-
-func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }

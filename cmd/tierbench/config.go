@@ -87,55 +87,6 @@ func commonFlags(fs *flag.FlagSet, c *config) {
 	fs.BoolVar(&c.json, "json", false, "machine output: one JSON object per line")
 }
 
-func populateFlags(fs *flag.FlagSet, c *config) {
-	c.blockSize = defaultBlockSize
-	fs.IntVar(&c.blocks, "blocks", defaultBlocks, "number of blocks to write")
-	fs.Var(&c.blockSize, "block-size", "payload size of every block")
-	fs.Uint64Var(&c.seed, "seed", 1, "key i is SHA-256(seed || i), both little-endian uint64")
-	fs.IntVar(&c.depth, "depth", defaultDepth, "batches in flight")
-	fs.StringVar(&c.engine, "engine", "auto", "engine that writes: auto, uring or sync")
-}
-
-// workloadFlags registers the flags of run (withData: it also populates)
-// and of lookup, load and store.
-func workloadFlags(withData bool) func(*flag.FlagSet, *config) {
-	return func(fs *flag.FlagSet, c *config) {
-		if withData {
-			c.blockSize = defaultBlockSize
-			fs.IntVar(&c.blocks, "blocks", defaultBlocks, "number of blocks to populate")
-			fs.Var(&c.blockSize, "block-size", "payload size of every block")
-			fs.Uint64Var(&c.seed, "seed", 1, "key i is SHA-256(seed || i)")
-			fs.BoolVar(&c.keep, "keep", false, "keep the temporary directory (with no --dir)")
-		}
-		engine := "auto"
-		if withData {
-			engine = "all"
-		}
-		fs.StringVar(&c.engine, "engine", engine, "auto, uring, sync, or all (every engine available here)")
-		fs.IntVar(&c.batch, "batch", 0, fmt.Sprintf("keys per batch (default %d for lookups, %d for loads and stores)", defaultLookupBatch, defaultIOBatch))
-		fs.Float64Var(&c.hitRatio, "hit-ratio", defaultHitRatio, "fraction of lookup and load keys drawn from the populated range; the rest are missing")
-		fs.IntVar(&c.depth, "depth", defaultDepth, "batches in flight (submitted, not yet polled)")
-		fs.DurationVar(&c.duration, "duration", defaultDuration, "how long each workload submits")
-		fs.Int64Var(&c.keys, "keys", 0, "run each workload for this many keys instead of --duration")
-		fs.BoolVar(&c.direct, "direct", true, "load with O_DIRECT where the filesystem allows (io_uring engine); --direct=false reads through the page cache")
-		fs.BoolVar(&c.cold, "cold", false, "drop the page and dentry caches before each workload (root only)")
-		fs.DurationVar(&c.latency, "latency", 0, "serve --dir through a FUSE pass-through adding this latency to every operation (root, /dev/fuse, fusermount3)")
-	}
-}
-
-func verifyFlags(fs *flag.FlagSet, c *config) {
-	fs.BoolVar(&c.repair, "repair", false, "remove corrupt blocks (a cache can lose them; the next store rewrites them)")
-}
-
-func cleanFlags(fs *flag.FlagSet, c *config) {
-	fs.DurationVar(&c.olderThan, "older-than", defaultOlderThan, "remove temporary files last modified longer ago than this; must exceed the longest store")
-}
-
-func evictFlags(fs *flag.FlagSet, c *config) {
-	fs.Var(&c.maxSize, "max-size", "evict least recently used blocks (all namespaces) until usage is at most this (required)")
-	fs.Var(&c.lowSize, "low-size", "with usage above --max-size, evict down to this instead (default: --max-size)")
-}
-
 // validate checks what flag parsing cannot: ranges and combinations.
 func (c *config) validate() error {
 	needDir := c.command != "run"

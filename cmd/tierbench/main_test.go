@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/uringtier/uringtier/blockstore"
-	"github.com/uringtier/uringtier/linux_test/faultfs"
+	"github.com/uringtier/uringtier/internal/faultfs"
 	"github.com/uringtier/uringtier/uring"
 )
 

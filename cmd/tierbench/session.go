@@ -1,0 +1,159 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/dustin/go-humanize"
+
+	"github.com/uringtier/uringtier/internal/faultfs"
+	"github.com/uringtier/uringtier/tier"
+	"github.com/uringtier/uringtier/uring"
+)
+
+// session is one invocation's data set and where the tier reaches it.
+type session struct {
+	c       *config
+	backing string   // the directory holding the data (--dir or a temporary one)
+	root    string   // where tiers open it: backing, or the FUSE mountpoint under --latency
+	m       manifest // the data set; m.Blocks grows as stores add blocks
+	notes   []string // said once, after the table
+	cold    bool     // caches were dropped before the last workload
+}
+
+func (s *session) note(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	for _, n := range s.notes {
+		if n == msg {
+			return
+		}
+	}
+	s.notes = append(s.notes, msg)
+}
+
+// engines resolves --engine: "all" is every engine usable here.
+func (s *session) engines() []tier.EngineKind {
+	if s.c.engine != "all" {
+		kind, _ := tier.ParseEngine(s.c.engine) // validated
+		return []tier.EngineKind{kind}
+	}
+	if err := uring.Available(); err != nil {
+		s.note("uring engine skipped: %v", err)
+		return []tier.EngineKind{tier.EngineSync}
+	}
+	return []tier.EngineKind{tier.EngineURing, tier.EngineSync}
+}
+
+func (s *session) batchFor(op tier.Op) int {
+	switch {
+	case s.c.batch > 0:
+		return s.c.batch
+	case op == tier.OpLookup:
+		return defaultLookupBatch
+	default:
+		return defaultIOBatch
+	}
+}
+
+func (s *session) limits() limits {
+	if s.c.keys > 0 {
+		return limits{keys: s.c.keys}
+	}
+	return limits{duration: s.c.duration}
+}
+
+func (s *session) limitText() string {
+	if s.c.keys > 0 {
+		return fmt.Sprintf("%s keys per workload", humanize.Comma(s.c.keys))
+	}
+	return fmt.Sprintf("%v per workload", s.c.duration)
+}
+
+// openTier opens a tier of the given engine on s.root with bufs aligned
+// buffers, filled with pseudo-random bytes for stores.
+func (s *session) openTier(kind tier.EngineKind, depth, batch, bufs int) (*tier.Tier, error) {
+	tr, err := tier.Open(s.root, tier.Options{
+		BlockSize: s.m.BlockSize,
+		Namespace: s.c.namespace,
+		Engine:    kind,
+		Depth:     depth,
+		BatchMax:  max(batch, 4096),
+		NoDirect:  !s.c.direct,
+		Buffers:   bufs,
+	})
+	if err != nil {
+		return nil, err
+	}
+	for i, b := range tr.Buffers() {
+		fillRandom(b, s.m.Seed^uint64(i)<<32)
+	}
+	return tr, nil
+}
+
+func closeTier(tr *tier.Tier) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return tr.Close(ctx)
+}
+
+// dropCaches empties the page, dentry and inode caches, so that the next
+// workload reads from the device: sync, then "3" into
+// /proc/sys/vm/drop_caches (proc(5)); root only.
+func (s *session) dropCaches() {
+	s.cold = false
+	syncFS()
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0); err != nil {
+		s.note("--cold: cannot drop caches (%v; needs root): caches stayed warm", err)
+		return
+	}
+	s.cold = true
+	s.note("--cold: page, dentry and inode caches dropped before each workload")
+}
+
+// mountLatency serves s.backing through faultfs with latency added to
+// every operation, and points s.root at the mount. The returned function
+// unmounts.
+func (s *session) mountLatency() (func() error, error) {
+	if s.c.latency == 0 {
+		return func() error { return nil }, nil
+	}
+	if err := faultfs.Available(); err != nil {
+		return nil, fmt.Errorf("--latency needs FUSE (root, /dev/fuse and fusermount3 from Debian's fuse3): %w", err)
+	}
+	mnt, err := os.MkdirTemp("", "tierbench-fuse-")
+	if err != nil {
+		return nil, err
+	}
+	fsys, err := faultfs.Mount(mnt, s.backing, faultfs.Options{})
+	if err != nil {
+		os.Remove(mnt)
+		return nil, fmt.Errorf("--latency: mount FUSE on %s: %w", mnt, err)
+	}
+	if _, err := fsys.Inject(faultfs.Fault{Ops: faultfs.OpAll, Latency: s.c.latency}); err != nil {
+		fsys.Unmount()
+		os.Remove(mnt)
+		return nil, err
+	}
+	s.root = mnt
+	s.note("--latency: %s served through FUSE at %s with %v added to every filesystem operation", s.backing, mnt, s.c.latency)
+	return func() error {
+		s.root = s.backing
+		err := fsys.Unmount()
+		if rerr := os.Remove(mnt); err == nil {
+			err = rerr
+		}
+		return err
+	}, nil
+}
+
+// interrupted turns err into "interrupted" after a signal: the results
+// printed are partial and the canceled keys counted as errors.
+func (s *session) interrupted(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return errors.New("interrupted: the results are partial")
+	}
+	return err
+}
