@@ -28,7 +28,8 @@
 // directories and readdir during maintenance cheap, while the two upper
 // levels have exactly 256 entries. Directories are created on demand, once
 // per Store (Store.EnsureDir remembers them); if one is removed later, the
-// next create in it fails with ENOENT and Put recreates it and retries once.
+// next create in it fails with ENOENT and Put recreates every missing level,
+// the root included, and retries once.
 // Other layouts (raw files of an inference server) plug in through Layout.
 //
 // # Format
