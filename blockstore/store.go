@@ -241,6 +241,9 @@ func (s *Store) mkdirs(dir string) error {
 		created := true
 		if err := ignoringEINTR(func() error { return unix.Mkdir(sub, dirMode) }); err == unix.EEXIST {
 			created = false
+			if err := s.checkFanout(sub); err != nil {
+				return err
+			}
 		} else if err != nil {
 			return &os.PathError{Op: "mkdir", Path: sub, Err: err}
 		}
@@ -252,6 +255,24 @@ func (s *Store) mkdirs(dir string) error {
 		s.dirsMu.Lock()
 		s.dirs[sub] = struct{}{}
 		s.dirsMu.Unlock()
+	}
+	return nil
+}
+
+// checkFanout fails with ENOTDIR if dir, found to exist, is a fan-out
+// directory (below a namespace directory) but not a directory: a symlink
+// there could lead a mkdir elsewhere. The root and namespace directories
+// are the operator's, and may be links.
+func (s *Store) checkFanout(dir string) error {
+	if len(dir) <= len(s.root)+1 || strings.IndexByte(dir[len(s.root)+1:], '/') < 0 {
+		return nil
+	}
+	var st unix.Stat_t
+	if err := ignoringEINTR(func() error { return unix.Lstat(dir, &st) }); err != nil {
+		return &os.PathError{Op: "lstat", Path: dir, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return &os.PathError{Op: "mkdir", Path: dir, Err: unix.ENOTDIR}
 	}
 	return nil
 }
