@@ -23,29 +23,29 @@ type syncBackend struct {
 	done  chan int32 // finished ops; capacity OpsMax, so a worker never blocks
 	wakeC chan struct{}
 	timer *time.Timer // owner-only
-	nsFD  int         // the namespace directory, for *at calls
+	ns    *nsDir      // the namespace directory, for *at calls; workers read its fd concurrently
 	wg    sync.WaitGroup
 }
 
-func newSyncBackend(t *Tier) *syncBackend {
+func newSyncBackend(t *Tier) (*syncBackend, error) {
+	ns, err := openNSDir(t)
+	if err != nil {
+		return nil, err
+	}
 	return &syncBackend{
 		t:     t,
 		work:  make(chan int32, t.opts.OpsMax),
 		done:  make(chan int32, t.opts.OpsMax),
 		wakeC: make(chan struct{}, 1),
 		timer: time.NewTimer(time.Hour),
-		nsFD:  -1,
-	}
+		ns:    ns,
+	}, nil
 }
 
 // run is the sync engine's owner goroutine.
 func (s *shard) run() {
 	b := s.be.(*syncBackend)
 	b.ops = s.ops
-	fd, err := unix.Open(s.t.nsDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err == nil {
-		b.nsFD = fd
-	}
 	for range s.t.opts.SyncWorkers {
 		b.wg.Add(1)
 		go b.worker()
@@ -91,13 +91,13 @@ func (b *syncBackend) wait(d time.Duration, done []int32) []int32 {
 func (b *syncBackend) close(leak bool) {
 	close(b.work)
 	if leak {
-		// Workers stuck in the filesystem still use the directory fd:
-		// the last one out closes it.
-		go func() { b.wg.Wait(); unix.Close(b.nsFD) }()
+		// Workers stuck in the filesystem still use the directory fds:
+		// the last one out closes them.
+		go func() { b.wg.Wait(); b.ns.close() }()
 		return
 	}
 	b.wg.Wait()
-	unix.Close(b.nsFD)
+	b.ns.close()
 }
 
 func (b *syncBackend) worker() {
@@ -106,28 +106,26 @@ func (b *syncBackend) worker() {
 	hdr := make([]byte, blockstore.HeaderSize)
 	for i := range b.work {
 		o := &b.ops[i]
+		dirFD := b.ns.current() // one directory for the whole op
 		path = append(b.t.store.Layout().AppendPath(path[:0], o.keyBytes()), 0)
 		switch o.kind {
 		case OpLookup:
-			o.status, o.err = b.lookup(path)
+			o.status, o.err = b.lookup(dirFD, path)
 		case OpLoad:
-			o.status, o.err = b.load(path, hdr, o)
+			o.status, o.err = b.load(dirFD, path, hdr, o)
 		case OpStore:
-			o.status, o.err = b.store(o)
+			o.status, o.err = b.store(dirFD, o)
 		}
 		b.done <- i
 	}
 }
 
-func (b *syncBackend) lookup(path []byte) (Status, error) {
-	if b.nsFD < 0 {
-		return StatusFailed, b.t.pathError("open", nil, syscall.ENOENT)
-	}
+func (b *syncBackend) lookup(dirFD int, path []byte) (Status, error) {
 	// statx(2) on the NUL-terminated path directly: unix.Statx would
 	// allocate a copy of the path on every call.
 	var st unix.Statx_t
 	errno := retryEINTR(func() syscall.Errno {
-		_, _, e := unix.Syscall6(unix.SYS_STATX, uintptr(b.nsFD), uintptr(unsafe.Pointer(&path[0])),
+		_, _, e := unix.Syscall6(unix.SYS_STATX, uintptr(dirFD), uintptr(unsafe.Pointer(&path[0])),
 			unix.AT_STATX_DONT_SYNC, unix.STATX_SIZE, uintptr(unsafe.Pointer(&st)), 0)
 		return e
 	})
@@ -140,11 +138,11 @@ func (b *syncBackend) lookup(path []byte) (Status, error) {
 	return StatusFailed, b.t.pathError("statx", path, errno)
 }
 
-func (b *syncBackend) load(path, hdr []byte, o *op) (Status, error) {
+func (b *syncBackend) load(dirFD int, path, hdr []byte, o *op) (Status, error) {
 	var fd uintptr
 	errno := retryEINTR(func() syscall.Errno {
 		var e syscall.Errno
-		fd, _, e = unix.Syscall6(unix.SYS_OPENAT, uintptr(b.nsFD), uintptr(unsafe.Pointer(&path[0])), unix.O_RDONLY|unix.O_CLOEXEC, 0, 0, 0)
+		fd, _, e = unix.Syscall6(unix.SYS_OPENAT, uintptr(dirFD), uintptr(unsafe.Pointer(&path[0])), unix.O_RDONLY|unix.O_CLOEXEC, 0, 0, 0)
 		return e
 	})
 	switch errno {
@@ -168,13 +166,20 @@ func (b *syncBackend) load(path, hdr []byte, o *op) (Status, error) {
 	st, quarantine, err := loadOutcome(o.keyBytes(), hdr, o.buf, hdrN, payN)
 	if quarantine {
 		q := b.t.quarantinePath(nil, o.keyBytes())
-		_ = unix.Renameat(b.nsFD, string(trimNUL(path)), unix.AT_FDCWD, string(trimNUL(q)))
+		_ = unix.Renameat(dirFD, string(trimNUL(path)), unix.AT_FDCWD, string(trimNUL(q)))
 	}
 	return st, err
 }
 
-func (b *syncBackend) store(o *op) (Status, error) {
-	err := b.t.store.Put(b.t.opts.Namespace, o.keyBytes(), o.buf)
+func (b *syncBackend) store(dirFD int, o *op) (Status, error) {
+	err := b.t.store.PutAt(dirFD, b.t.opts.Namespace, o.keyBytes(), o.buf)
+	if errors.Is(err, fs.ErrNotExist) {
+		// The namespace directory itself may have gone (PutAt has made
+		// a new one at its path): retry in that one.
+		if fd := b.ns.renew(dirFD); fd != dirFD {
+			err = b.t.store.PutAt(fd, b.t.opts.Namespace, o.keyBytes(), o.buf)
+		}
+	}
 	if err == nil {
 		return StatusStored, nil
 	}

@@ -100,6 +100,7 @@ type uringBackend struct {
 	ring   *uring.Ring
 	waker  *uring.Waker
 	nsFD   int
+	ns     *nsDir // owns nsFD, and replaces it when the directory goes (nsdir.go)
 	direct bool
 	rw     uint8   // SQE flags for reads and writes: SQEAsync where the filesystem may block inline
 	om     []opMem // pinned; referenced by SQEs until their CQEs
@@ -165,8 +166,8 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	if err = b.ring.RegisterBuffers(append([][]byte{b.hdrs}, t.buffers...)); err != nil {
 		return nil, fmt.Errorf("tier: %w", err)
 	}
-	if b.nsFD, err = unix.Open(t.nsDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
-		return nil, fmt.Errorf("tier: open %s: %w", t.nsDir, err)
+	if b.ns, err = openNSDir(t); err != nil {
+		return nil, err
 	}
 	if b.waker, err = uring.NewWaker(); err != nil {
 		return nil, fmt.Errorf("tier: %w", err)
@@ -244,6 +245,7 @@ func (b *uringBackend) add(i int32, k stepKind, flags uint8) *uring.SQE {
 }
 
 func (b *uringBackend) start(i int32, o *op) {
+	b.nsFD = b.ns.current()
 	b.st[i] = opState{qpath: b.st[i].qpath[:0]}
 	m := &b.om[i]
 	path := append(b.t.store.Layout().AppendPath(m.path[:0], o.keyBytes()), 0)
@@ -563,6 +565,7 @@ func (b *uringBackend) evaluateStore(i int32, o *op, finish func(Status, error))
 		// The directory is missing (new, or removed under us): create it and try once more.
 		st.retried = true
 		b.forgetDir(i)
+		b.nsFD = b.ns.renew(b.nsFD)
 		b.next = append(b.next, i)
 		return
 	}
@@ -682,8 +685,8 @@ func (b *uringBackend) close(leak bool) {
 	if b.hdrs != nil {
 		uring.FreeBuffer(b.hdrs)
 	}
-	if b.nsFD >= 0 {
-		unix.Close(b.nsFD)
+	if b.ns != nil {
+		b.ns.close()
 	}
 	b.pinner.Unpin()
 }

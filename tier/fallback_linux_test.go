@@ -35,6 +35,10 @@ var conformanceSuite = []struct {
 	{"TestCloseWithWorkInFlight", TestCloseWithWorkInFlight},
 	{"TestModel", TestModel},
 	{"TestSubmitPollDoesNotAllocate", TestSubmitPollDoesNotAllocate},
+	{"TestStoreAfterNamespaceRemoved", TestStoreAfterNamespaceRemoved},
+	{"TestStoreAfterFanoutRemoved", TestStoreAfterFanoutRemoved},
+	{"TestStoreAfterRepeatedRemoval", TestStoreAfterRepeatedRemoval},
+	{"TestNamespaceRecreatedElsewhere", TestNamespaceRecreatedElsewhere},
 }
 
 // notInConformanceSuite is every other test of this package, with the reason it stays out.
