@@ -2,9 +2,11 @@ package blockstore
 
 import (
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -116,4 +118,137 @@ func TestOpenBeneathWithoutOpenat2(t *testing.T) {
 	_, err = OpenBeneath(fd, []byte("link\x00"), unix.O_WRONLY|unix.O_CREAT, 0o644)
 	assert.Equal(t, unix.ELOOP, err)
 	assert.NoFileExists(t, filepath.Join(dir, "target"))
+}
+
+// notRegular are entries that are not block files, planted at a block
+// path: each returns what it planted and the path of a file outside the
+// tree that it links to, if any.
+var notRegular = []struct {
+	name  string
+	plant func(t *testing.T, s *Store, key []byte, path string) (outside string)
+	want  string
+}{
+	{"fifo", func(t *testing.T, _ *Store, _ []byte, path string) string {
+		require.NoError(t, unix.Mkfifo(path, 0o644))
+		return ""
+	}, "not a regular file (fifo)"},
+	{"symlink", func(t *testing.T, _ *Store, key []byte, path string) string {
+		outside := outsideBlock(t, key)
+		require.NoError(t, os.Symlink(outside, path))
+		return outside
+	}, "symlink at block path"},
+	{"directory", func(t *testing.T, _ *Store, _ []byte, path string) string {
+		require.NoError(t, os.Mkdir(path, 0o755))
+		return ""
+	}, "not a regular file (directory)"},
+	{"symlinked-fanout", func(t *testing.T, s *Store, key []byte, path string) string {
+		outside := outsideBlock(t, key)
+		top := filepath.Dir(filepath.Dir(path))
+		require.NoError(t, os.RemoveAll(top))
+		require.NoError(t, os.Symlink(filepath.Dir(filepath.Dir(outside)), top))
+		return outside
+	}, "symlink at block path"},
+}
+
+// outsideBlock writes a valid block of key into a store outside the tree
+// under test and returns its path.
+func outsideBlock(t *testing.T, key []byte) string {
+	s := openTestStore(t, Options{})
+	require.NoError(t, s.Put("ns", key, testPayload(key, 100)))
+	info, err := s.Stat("ns", key)
+	require.NoError(t, err)
+	return info.Path
+}
+
+// withinSeconds runs f and fails t if it has not returned within two
+// seconds (a read blocked on a FIFO, say).
+func withinSeconds(t *testing.T, what string, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { defer close(done); f() }()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Second):
+		require.FailNow(t, what+" blocked")
+	}
+}
+
+// unchanged fails t if the file at path no longer holds want.
+func unchanged(t *testing.T, path string, want []byte) {
+	t.Helper()
+	got, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, want, got, "the file outside the tree changed")
+}
+
+// TestGetNotRegular plants entries that are not block files at a block
+// path: Get reports ErrCorrupt saying what it found, at once, and reads
+// nothing through a link.
+func TestGetNotRegular(t *testing.T) {
+	key := testKey(0, 32)
+	for _, c := range notRegular {
+		t.Run(c.name, func(t *testing.T) {
+			s := openTestStore(t, Options{})
+			require.NoError(t, s.Put("ns", key, testPayload(key, 50)))
+			info, err := s.Stat("ns", key)
+			require.NoError(t, err)
+			require.NoError(t, os.Remove(info.Path))
+			outside := c.plant(t, s, key, info.Path)
+			var before []byte
+			if outside != "" {
+				before, err = os.ReadFile(outside)
+				require.NoError(t, err)
+			}
+
+			withinSeconds(t, "Get", func() { _, err = s.Get("ns", key, make([]byte, 100)) })
+			require.ErrorIs(t, err, ErrCorrupt)
+			assert.Contains(t, err.Error(), c.want)
+			if outside != "" {
+				unchanged(t, outside, before)
+			}
+		})
+	}
+}
+
+// TestVerifyNotRegular swaps block files for entries that are not block
+// files just before Verify reads them (as a tenant could between its walk
+// and its read): Verify reports each corrupt at once and quarantines the
+// entry itself, never what a link points to.
+func TestVerifyNotRegular(t *testing.T) {
+	key := testKey(0, 32)
+	for _, c := range notRegular[:3] { // a fan-out link is never walked into
+		t.Run(c.name, func(t *testing.T) {
+			s := openTestStore(t, Options{})
+			require.NoError(t, s.Put("ns", key, testPayload(key, 50)))
+			var outside string
+			var before []byte
+			s.hooks = &testHooks{beforeRead: func(path string) {
+				require.NoError(t, os.Remove(path))
+				outside = c.plant(t, s, key, path)
+				if outside != "" {
+					var err error
+					before, err = os.ReadFile(outside)
+					require.NoError(t, err)
+				}
+			}}
+			var problems []Problem
+			var stats VerifyStats
+			var err error
+			withinSeconds(t, "Verify", func() {
+				stats, err = s.Verify("ns", VerifyQuarantine, func(p Problem) { problems = append(problems, p) })
+			})
+			require.NoError(t, err)
+			assert.Equal(t, int64(1), stats.Corrupt)
+			require.Len(t, problems, 1)
+			require.ErrorIs(t, problems[0].Err, ErrCorrupt)
+			assert.Contains(t, problems[0].Err.Error(), c.want)
+			require.NoError(t, problems[0].ActionErr)
+			assert.NotEmpty(t, problems[0].Moved, "not quarantined")
+			_, err = os.Lstat(problems[0].Block.Path)
+			assert.ErrorIs(t, err, fs.ErrNotExist)
+			if outside != "" {
+				unchanged(t, outside, before)
+			}
+		})
+	}
 }

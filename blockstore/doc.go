@@ -53,7 +53,10 @@
 // The header carries the key so that a misplaced or renamed file is caught,
 // and every byte of the file is covered by one of the two checksums. A
 // file that is short, truncated, extended, mis-keyed or fails a check is
-// ErrCorrupt, with a message naming the field.
+// ErrCorrupt, with a message naming the field. So is anything but a
+// regular file at a block path (a FIFO, a directory, a symlink): readers
+// open with O_NOFOLLOW|O_NONBLOCK, so they neither follow a link out of
+// the tree nor wait for a FIFO's writer.
 //
 // # Publish protocol
 //

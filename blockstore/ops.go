@@ -159,37 +159,114 @@ func (s *Store) writeFile(fd int, hdr, payload []byte) error {
 // its length. buf must hold the payload (ErrBufferSize otherwise); for
 // fixed-size blocks it is usually exactly as long. A missing block is an
 // error for which errors.Is(err, fs.ErrNotExist) holds; a damaged one
-// wraps ErrCorrupt. Either way the block is not there.
+// wraps ErrCorrupt, and so does anything but a regular file at the block's
+// path, or a symlink on the way there from the namespace directory (which
+// Get does not follow). Either way the block is not there.
 func (s *Store) Get(ns string, key, buf []byte) (int, error) {
 	p, err := s.blockPath(ns, key)
 	if err != nil {
 		return 0, err
 	}
-	n, _, err := readBlock(p, 0, key, buf, nil)
+	n, err := s.get(p, len(s.root)+1+len(ns), key, buf)
 	if err != nil {
 		return 0, &fs.PathError{Op: "get", Path: p, Err: err}
 	}
 	return n, nil
 }
 
+// get reads the block file at path, whose first nsEnd bytes are its
+// namespace directory, opening it beneath that directory.
+func (s *Store) get(path string, nsEnd int, key, buf []byte) (int, error) {
+	dirfd, err := openFile(path[:nsEnd], unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(dirfd)
+	bp := pathPool.Get().(*[]byte)
+	defer pathPool.Put(bp)
+	*bp = append(append((*bp)[:0], path[nsEnd+1:]...), 0)
+	fd, err := OpenBeneath(dirfd, *bp, blockOpenFlags, 0)
+	if err == unix.ELOOP {
+		return 0, errSymlink
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	n, _, err := readFile(fd, key, buf, nil)
+	return n, err
+}
+
+// blockOpenFlags open a block file for reading without following a
+// symlink (ELOOP) or waiting for a FIFO's writer or a device.
+const blockOpenFlags = unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_NOCTTY
+
+// errSymlink is the error for a symlink where a block file or a directory
+// on the way to it should be: followed, it could lead out of the tree.
+var errSymlink = fmt.Errorf("%w: symlink at block path", ErrCorrupt)
+
+// CheckRegular returns nil if mode, a stat(2) st_mode, is a regular
+// file's, and otherwise an error wrapping ErrCorrupt that names the file
+// type: nothing else at a block path is a block.
+func CheckRegular(mode uint32) error {
+	var kind string
+	switch mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		return nil
+	case unix.S_IFDIR:
+		kind = "directory"
+	case unix.S_IFIFO:
+		kind = "fifo"
+	case unix.S_IFCHR:
+		kind = "character device"
+	case unix.S_IFBLK:
+		kind = "block device"
+	case unix.S_IFSOCK:
+		kind = "socket"
+	case unix.S_IFLNK:
+		kind = "symlink"
+	default:
+		kind = fmt.Sprintf("mode %#o", mode&unix.S_IFMT)
+	}
+	return fmt.Errorf("%w: not a regular file (%s)", ErrCorrupt, kind)
+}
+
 // readBlock reads and verifies the block file at path, opened with flags
-// added to O_RDONLY, into buf. If grow is
-// non-nil, buf is replaced by grow(size) when it is too small. It returns
-// the payload size, the file's inode (once known, also with an error) and
-// raw errnos or ErrCorrupt/ErrBufferSize errors.
+// added to blockOpenFlags, into buf: a symlink at path is not followed,
+// and is corrupt. If grow is non-nil, buf is replaced by grow(size) when
+// it is too small. It returns the payload size, the inode of what is at
+// path (once known, also with an error) and raw errnos or
+// ErrCorrupt/ErrBufferSize errors.
 func readBlock(path string, flags int, key, buf []byte, grow func(int) []byte) (n int, ino uint64, err error) {
-	fd, err := openFile(path, unix.O_RDONLY|flags, 0)
+	fd, err := openFile(path, blockOpenFlags|flags, 0)
 	if err == unix.EPERM && flags&unix.O_NOATIME != 0 {
 		// O_NOATIME needs ownership or CAP_FOWNER; without it, read anyway.
-		fd, err = openFile(path, unix.O_RDONLY|flags&^unix.O_NOATIME, 0)
+		fd, err = openFile(path, blockOpenFlags|flags&^unix.O_NOATIME, 0)
+	}
+	if err == unix.ELOOP {
+		// The link's own inode, so that it, not its target, can be moved.
+		var st unix.Stat_t
+		if ignoringEINTR(func() error { return unix.Lstat(path, &st) }) == nil {
+			ino = st.Ino
+		}
+		return 0, ino, errSymlink
 	}
 	if err != nil {
 		return 0, 0, err
 	}
 	defer unix.Close(fd)
+	return readFile(fd, key, buf, grow)
+}
+
+// readFile is readBlock once the file is open: it checks that the file is
+// a regular one before reading.
+func readFile(fd int, key, buf []byte, grow func(int) []byte) (n int, ino uint64, err error) {
 	var st unix.Stat_t
 	if err := ignoringEINTR(func() error { return unix.Fstat(fd, &st) }); err != nil {
 		return 0, 0, err
+	}
+	if err := CheckRegular(st.Mode); err != nil {
+		return 0, st.Ino, err
 	}
 	n, err = readOpen(fd, &st, key, buf, grow)
 	return n, st.Ino, err
