@@ -1,7 +1,9 @@
 package tier
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"io/fs"
 	"sync"
 	"syscall"
@@ -126,11 +128,14 @@ func (b *syncBackend) lookup(dirFD int, path []byte) (Status, error) {
 	var st unix.Statx_t
 	errno := retryEINTR(func() syscall.Errno {
 		_, _, e := unix.Syscall6(unix.SYS_STATX, uintptr(dirFD), uintptr(unsafe.Pointer(&path[0])),
-			unix.AT_STATX_DONT_SYNC, unix.STATX_SIZE, uintptr(unsafe.Pointer(&st)), 0)
+			unix.AT_STATX_DONT_SYNC|unix.AT_SYMLINK_NOFOLLOW, unix.STATX_TYPE|unix.STATX_SIZE, uintptr(unsafe.Pointer(&st)), 0)
 		return e
 	})
 	switch errno {
 	case 0:
+		if blockstore.CheckRegular(uint32(st.Mode)) != nil {
+			return StatusMissing, nil // a hint only: the load judges what is there
+		}
 		return StatusFound, nil
 	case unix.ENOENT:
 		return StatusMissing, nil
@@ -138,37 +143,66 @@ func (b *syncBackend) lookup(dirFD int, path []byte) (Status, error) {
 	return StatusFailed, b.t.pathError("statx", path, errno)
 }
 
+// load opens the block file beneath the namespace directory, following no
+// symlink (a link planted in a shared tree could lead to another tenant's
+// file) and without waiting (O_NONBLOCK: a FIFO's open would wait for a
+// writer, for good); anything but a regular file there is corrupt.
 func (b *syncBackend) load(dirFD int, path, hdr []byte, o *op) (Status, error) {
-	var fd uintptr
-	errno := retryEINTR(func() syscall.Errno {
-		var e syscall.Errno
-		fd, _, e = unix.Syscall6(unix.SYS_OPENAT, uintptr(dirFD), uintptr(unsafe.Pointer(&path[0])), unix.O_RDONLY|unix.O_CLOEXEC, 0, 0, 0)
-		return e
-	})
-	switch errno {
-	case 0:
+	fd, err := blockstore.OpenBeneath(dirFD, path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOFOLLOW|unix.O_NOCTTY, 0)
+	switch err {
+	case nil:
 	case unix.ENOENT:
 		return StatusMissing, nil
+	case unix.ELOOP:
+		b.quarantine(dirFD, path, o.keyBytes())
+		return StatusCorrupt, fmt.Errorf("%w: symlink at block path", blockstore.ErrCorrupt)
 	default:
-		return StatusFailed, b.t.pathError("openat", path, errno)
+		return StatusFailed, b.t.pathError("open", path, err.(syscall.Errno))
 	}
-	defer unix.Close(int(fd))
-	hdrN, err := preadFull(int(fd), hdr, 0)
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return StatusFailed, b.t.pathError("fstat", path, err.(syscall.Errno))
+	}
+	if err := blockstore.CheckRegular(st.Mode); err != nil {
+		b.quarantine(dirFD, path, o.keyBytes())
+		return StatusCorrupt, err
+	}
+	hdrN, err := preadFull(fd, hdr, 0)
 	if err != nil {
 		return StatusFailed, b.t.pathError("read", path, err.(syscall.Errno))
 	}
 	payN := 0
 	if hdrN == len(hdr) {
-		if payN, err = preadFull(int(fd), o.buf, int64(len(hdr))); err != nil {
+		if payN, err = preadFull(fd, o.buf, int64(len(hdr))); err != nil {
 			return StatusFailed, b.t.pathError("read", path, err.(syscall.Errno))
 		}
 	}
-	st, quarantine, err := loadOutcome(o.keyBytes(), hdr, o.buf, hdrN, payN)
+	status, quarantine, err := loadOutcome(o.keyBytes(), hdr, o.buf, hdrN, payN)
 	if quarantine {
-		q := b.t.quarantinePath(nil, o.keyBytes())
-		_ = unix.Renameat(dirFD, string(trimNUL(path)), unix.AT_FDCWD, string(trimNUL(q)))
+		b.quarantine(dirFD, path, o.keyBytes())
 	}
-	return st, err
+	return status, err
+}
+
+// quarantine moves the entry at path (NUL-terminated, beneath dirFD) into
+// the quarantine directory: the entry itself, renamed relative to its
+// directory, opened beneath dirFD without following symlinks. A link in
+// place of a directory on the way leads elsewhere, and what is there is
+// not the tier's to move: it stays.
+func (b *syncBackend) quarantine(dirFD int, path, key []byte) {
+	rel := trimNUL(path)
+	parent, name := dirFD, rel
+	if k := bytes.LastIndexByte(rel, '/'); k >= 0 {
+		fd, err := blockstore.OpenBeneath(dirFD, append(rel[:k:k], 0), unix.O_PATH|unix.O_DIRECTORY, 0)
+		if err != nil {
+			return
+		}
+		defer unix.Close(fd)
+		parent, name = fd, rel[k+1:]
+	}
+	q := b.t.quarantinePath(nil, key)
+	_ = unix.Renameat(parent, string(name), unix.AT_FDCWD, string(trimNUL(q)))
 }
 
 func (b *syncBackend) store(dirFD int, o *op) (Status, error) {

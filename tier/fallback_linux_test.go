@@ -39,6 +39,8 @@ var conformanceSuite = []struct {
 	{"TestStoreAfterFanoutRemoved", TestStoreAfterFanoutRemoved},
 	{"TestStoreAfterRepeatedRemoval", TestStoreAfterRepeatedRemoval},
 	{"TestNamespaceRecreatedElsewhere", TestNamespaceRecreatedElsewhere},
+	{"TestNotRegularAtBlockPath", TestNotRegularAtBlockPath},
+	{"TestSymlinkedFanoutDir", TestSymlinkedFanoutDir},
 }
 
 // notInConformanceSuite is every other test of this package, with the reason it stays out.
