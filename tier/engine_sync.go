@@ -25,12 +25,12 @@ type syncBackend struct {
 	done  chan int32 // finished ops; capacity OpsMax, so a worker never blocks
 	wakeC chan struct{}
 	timer *time.Timer // owner-only
-	ns    *nsDir      // the namespace directory, for *at calls; workers read its fd concurrently
+	ns    *nsDirFD    // the namespace directory, for *at calls; workers read its fd concurrently
 	wg    sync.WaitGroup
 }
 
 func newSyncBackend(t *Tier) (*syncBackend, error) {
-	ns, err := openNSDir(t)
+	ns, err := openNSDirFD(t)
 	if err != nil {
 		return nil, err
 	}

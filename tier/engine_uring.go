@@ -100,7 +100,7 @@ type uringBackend struct {
 	ring   *uring.Ring
 	waker  *uring.Waker
 	nsFD   int
-	ns     *nsDir // owns nsFD, and replaces it when the directory goes (nsdir.go)
+	ns     *nsDirFD // owns nsFD, and replaces it when the directory goes (nsdir.go)
 	direct bool
 	rw     uint8   // SQE flags for reads and writes: SQEAsync where the filesystem may block inline
 	om     []opMem // pinned; referenced by SQEs until their CQEs
@@ -166,7 +166,7 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	if err = b.ring.RegisterBuffers(append([][]byte{b.hdrs}, t.buffers...)); err != nil {
 		return nil, fmt.Errorf("tier: %w", err)
 	}
-	if b.ns, err = openNSDir(t); err != nil {
+	if b.ns, err = openNSDirFD(t); err != nil {
 		return nil, err
 	}
 	if b.waker, err = uring.NewWaker(); err != nil {

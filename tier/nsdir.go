@@ -14,7 +14,7 @@ import (
 // directory fd is still the directory at the namespace's path.
 const nsCheckInterval = time.Second
 
-// nsDir is a backend's open namespace directory: the dirfd its *at calls
+// nsDirFD is a backend's open namespace directory: the dirfd its *at calls
 // resolve block paths beneath. When the directory at the namespace's path
 // is no longer the one open (an operator removed it; another process
 // recreated it), a new fd replaces it: renew does that when a store cannot
@@ -27,8 +27,8 @@ const nsCheckInterval = time.Second
 // reused by another file while an op resolves paths against it: one fd per
 // replacement, and replacements happen only when the directory itself is
 // removed or replaced.
-type nsDir struct {
-	t       *Tier
+type nsDirFD struct {
+	t       *Tier        // immutable
 	epoch   time.Time    // immutable; checkAt counts from it
 	fd      atomic.Int32 // the current dirfd: read by anyone, replaced under mu
 	checkAt atomic.Int64 // nanoseconds after epoch when the next check is due
@@ -38,12 +38,12 @@ type nsDir struct {
 	retired []int      // replaced fds, closed by close
 }
 
-func openNSDir(t *Tier) (*nsDir, error) {
+func openNSDirFD(t *Tier) (*nsDirFD, error) {
 	fd, err := openDir(t.nsDir)
 	if err != nil {
 		return nil, fmt.Errorf("tier: open %s: %w", t.nsDir, err)
 	}
-	d := &nsDir{t: t, epoch: time.Now()}
+	d := &nsDirFD{t: t, epoch: time.Now()}
 	d.fd.Store(int32(fd))
 	d.checkAt.Store(int64(nsCheckInterval))
 	return d, nil
@@ -61,7 +61,7 @@ func openDir(path string) (int, error) {
 // current returns the dirfd to use now. At most once a second it also
 // starts a check, in a goroutine of its own: the caller may be a ring
 // owner, which must not wait for the filesystem. Safe from any goroutine.
-func (d *nsDir) current() int {
+func (d *nsDirFD) current() int {
 	now := int64(time.Since(d.epoch))
 	if at := d.checkAt.Load(); now >= at && d.checkAt.CompareAndSwap(at, now+int64(nsCheckInterval)) {
 		go d.check()
@@ -71,7 +71,7 @@ func (d *nsDir) current() int {
 
 // check replaces the fd if another directory is at the namespace's path.
 // A directory that has gone and not come back is left to renew.
-func (d *nsDir) check() {
+func (d *nsDirFD) check() {
 	fd := int(d.fd.Load())
 	if d.closed.Load() || !d.stale(fd) {
 		return
@@ -91,7 +91,7 @@ func (d *nsDir) check() {
 // or nothing could be done. It makes a few directory calls in the caller's
 // thread, a ring owner's too: only after the filesystem has just answered
 // for this directory.
-func (d *nsDir) renew(fd int) int {
+func (d *nsDirFD) renew(fd int) int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if cur := int(d.fd.Load()); cur != fd || d.closed.Load() {
@@ -114,7 +114,7 @@ func (d *nsDir) renew(fd int) int {
 
 // stale reports whether the directory open as fd is no longer the one at
 // the namespace's path: removed (no links left), moved away, or replaced.
-func (d *nsDir) stale(fd int) bool {
+func (d *nsDirFD) stale(fd int) bool {
 	var open, named unix.Stat_t
 	if unix.Fstat(fd, &open) != nil || open.Nlink == 0 {
 		return true
@@ -127,7 +127,7 @@ func (d *nsDir) stale(fd int) bool {
 
 // replace makes nfd the current fd in place of old, unless old has been
 // replaced already or d is closed: then nfd is closed. The caller holds mu.
-func (d *nsDir) replace(old, nfd int) {
+func (d *nsDirFD) replace(old, nfd int) {
 	if d.closed.Load() || int(d.fd.Load()) != old {
 		unix.Close(nfd)
 		return
@@ -138,7 +138,7 @@ func (d *nsDir) replace(old, nfd int) {
 
 // close closes the fd and every replaced one; the backend calls it once no
 // op can use them. A check still running closes what it opens.
-func (d *nsDir) close() {
+func (d *nsDirFD) close() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.closed.Store(true)
