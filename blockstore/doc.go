@@ -28,7 +28,8 @@
 // directories and readdir during maintenance cheap, while the two upper
 // levels have exactly 256 entries. Directories are created on demand, once
 // per Store (Store.EnsureDir remembers them); if one is removed later, the
-// next create in it fails with ENOENT and Put recreates it and retries once.
+// next create in it fails with ENOENT and Put recreates every missing level,
+// the root included, and retries once.
 // Other layouts (raw files of an inference server) plug in through Layout.
 //
 // # Format
@@ -52,17 +53,23 @@
 // The header carries the key so that a misplaced or renamed file is caught,
 // and every byte of the file is covered by one of the two checksums. A
 // file that is short, truncated, extended, mis-keyed or fails a check is
-// ErrCorrupt, with a message naming the field.
+// ErrCorrupt, with a message naming the field. So is anything but a
+// regular file at a block path (a FIFO, a directory, a symlink): readers
+// open with O_NOFOLLOW|O_NONBLOCK, so they neither follow a link out of
+// the tree nor wait for a FIFO's writer.
 //
 // # Publish protocol
 //
 // Put writes header and payload to a temporary file in the block's final
 // directory, named <hex>.blk.tmp.<pid>.<token> (token: a per-process
 // random base plus a counter) and created with O_EXCL, so no two writers —
-// goroutines, processes, or hosts sharing an NFS export — share one. It
-// then syncs as the Durability asks, and renames the file onto <hex>.blk.
-// rename(2) is atomic, so readers see no block or a whole block, never a
-// partial one. Concurrent writers of one key are safe: blocks are
+// goroutines, processes, or hosts sharing an NFS export — share one. The
+// file is created beneath the namespace directory's fd without following
+// any symlink (openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS; OpenBeneath),
+// so a link planted in place of a fan-out directory of a shared tree
+// cannot make Put write elsewhere. Put then syncs as the Durability asks,
+// and renames the file onto <hex>.blk. rename(2) is atomic, so readers see
+// no block or a whole block, never a partial one. Concurrent writers of one key are safe: blocks are
 // content-addressed, so whichever rename lands last leaves the same
 // content. If any step fails (ENOSPC, EIO, ...), Put removes its temporary
 // file and nothing becomes visible; a writer that dies leaves only its

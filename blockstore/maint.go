@@ -168,6 +168,9 @@ func (s *Store) Verify(ns string, action VerifyAction, report func(Problem)) (Ve
 	var buf []byte
 	grow := func(n int) []byte { buf = make([]byte, n); return buf }
 	err := s.Scan(ns, func(b BlockInfo) error {
+		if s.hooks != nil && s.hooks.beforeRead != nil {
+			s.hooks.beforeRead(b.Path)
+		}
 		// O_NOATIME: checking a block is not using it, and must not
 		// make it look recently used to Evict.
 		_, ino, err := readBlock(b.Path, unix.O_NOATIME, b.Key, buf, grow)

@@ -6,7 +6,10 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -21,8 +24,26 @@ var headerPool = sync.Pool{New: func() any { return new([HeaderSize]byte) }}
 // Readers see either the old block, no block, or the whole new one.
 // Concurrent Puts of the same key are safe: the last rename wins, and
 // since blocks are content-addressed its content is the same. On failure
-// the temporary file is removed and nothing becomes visible.
+// the temporary file is removed and nothing becomes visible. Put opens the
+// namespace directory for the call and works beneath it as PutAt does.
 func (s *Store) Put(ns string, key, payload []byte) error {
+	return s.put(-1, ns, key, payload)
+}
+
+// PutAt is Put for a caller that holds the namespace directory open as
+// dirfd (see NamespaceDir). The temporary file is created beneath dirfd
+// without following any symlink (OpenBeneath), and renamed relative to it,
+// so a symlink planted in place of a fan-out directory cannot make it
+// write outside the tree. If dirfd's directory has been removed, PutAt
+// creates the directories at the namespace's path again but still fails,
+// with an error for which errors.Is(err, fs.ErrNotExist) holds: the caller
+// opens the namespace directory again and retries.
+func (s *Store) PutAt(dirfd int, ns string, key, payload []byte) error {
+	return s.put(dirfd, ns, key, payload)
+}
+
+// put is Put (dirfd < 0) and PutAt.
+func (s *Store) put(dirfd int, ns string, key, payload []byte) error {
 	final, err := s.blockPath(ns, key)
 	if err != nil {
 		return err
@@ -37,13 +58,13 @@ func (s *Store) Put(ns string, key, payload []byte) error {
 	defer headerPool.Put(hdr)
 	EncodeHeader(hdr[:], key, payload)
 
-	err = s.publish(ns, key, final, hdr[:], payload)
+	err = s.publishIn(dirfd, ns, key, final, hdr[:], payload)
 	if err == unix.ENOENT {
 		// A directory vanished (an admin removed an empty one): the
 		// directory cache lied. Recreate and retry once.
 		s.ForgetDir(ns, key)
 		if err = s.EnsureDir(ns, key); err == nil {
-			err = s.publish(ns, key, final, hdr[:], payload)
+			err = s.publishIn(dirfd, ns, key, final, hdr[:], payload)
 		}
 	}
 	if err != nil {
@@ -52,19 +73,35 @@ func (s *Store) Put(ns string, key, payload []byte) error {
 	return nil
 }
 
-// publish writes one temporary file and renames it onto final. It returns
-// raw errnos so that Put can recognise ENOENT.
-func (s *Store) publish(ns string, key []byte, final string, hdr, payload []byte) error {
+// publishIn is publish beneath dirfd, or, if dirfd < 0, beneath the
+// namespace directory opened for the call.
+func (s *Store) publishIn(dirfd int, ns string, key []byte, final string, hdr, payload []byte) error {
+	if dirfd < 0 {
+		fd, err := openFile(final[:len(s.root)+1+len(ns)], unix.O_PATH|unix.O_DIRECTORY, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		dirfd = fd
+	}
+	return s.publish(dirfd, ns, key, final, hdr, payload)
+}
+
+// publish writes one temporary file beneath the namespace directory dirfd
+// and renames it onto final. It returns raw errnos so that Put can
+// recognise ENOENT.
+func (s *Store) publish(dirfd int, ns string, key []byte, final string, hdr, payload []byte) error {
 	bp := pathPool.Get().(*[]byte)
 	defer pathPool.Put(bp)
 	dirEnd := len(s.root) + 1 + len(ns) + 1
-	var tmp string
+	rel := final[dirEnd:]
 	var fd int
 	for attempt := 0; ; attempt++ {
-		*bp = s.layout.AppendTempPath(append((*bp)[:0], final[:dirEnd]...), key, NewTempToken())
-		tmp = string(*bp)
+		*bp = append(s.layout.AppendTempPath((*bp)[:0], key, NewTempToken()), 0)
 		var err error
-		fd, err = openFile(tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, fileMode)
+		// O_EXCL never follows a symlink at the name itself; OpenBeneath
+		// refuses one on the way there.
+		fd, err = OpenBeneath(dirfd, *bp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, fileMode)
 		if err == nil {
 			break
 		}
@@ -74,22 +111,26 @@ func (s *Store) publish(ns string, key []byte, final string, hdr, payload []byte
 			return err
 		}
 	}
+	tmp := string((*bp)[:len(*bp)-1])
 	err := s.writeFile(fd, hdr, payload)
 	if cerr := unix.Close(fd); err == nil {
 		err = cerr // on NFS, close reports deferred write errors
 	}
 	if err == nil && s.hooks != nil && s.hooks.beforeRename != nil {
-		s.hooks.beforeRename(tmp)
+		s.hooks.beforeRename(final[:dirEnd] + tmp)
 	}
 	if err == nil {
-		err = ignoringEINTR(func() error { return unix.Rename(tmp, final) })
+		// The directories were checked by OpenBeneath just now; a link
+		// swapped in since then makes the rename fail, not escape, unless
+		// its target holds a file of this very temporary name.
+		err = ignoringEINTR(func() error { return unix.Renameat(dirfd, tmp, dirfd, rel) })
 	}
 	if err != nil {
-		_ = unix.Unlink(tmp) // best effort; Clean removes what is left
+		_ = unix.Unlinkat(dirfd, tmp, 0) // best effort; Clean removes what is left
 		return err
 	}
 	if s.durability == DurabilityFull {
-		return syncDir(final[:strings.LastIndexByte(final, '/')])
+		return syncDirAt(dirfd, rel[:max(strings.LastIndexByte(rel, '/'), 0)], final[:strings.LastIndexByte(final, '/')])
 	}
 	return nil
 }
@@ -118,37 +159,114 @@ func (s *Store) writeFile(fd int, hdr, payload []byte) error {
 // its length. buf must hold the payload (ErrBufferSize otherwise); for
 // fixed-size blocks it is usually exactly as long. A missing block is an
 // error for which errors.Is(err, fs.ErrNotExist) holds; a damaged one
-// wraps ErrCorrupt. Either way the block is not there.
+// wraps ErrCorrupt, and so does anything but a regular file at the block's
+// path, or a symlink on the way there from the namespace directory (which
+// Get does not follow). Either way the block is not there.
 func (s *Store) Get(ns string, key, buf []byte) (int, error) {
 	p, err := s.blockPath(ns, key)
 	if err != nil {
 		return 0, err
 	}
-	n, _, err := readBlock(p, 0, key, buf, nil)
+	n, err := s.get(p, len(s.root)+1+len(ns), key, buf)
 	if err != nil {
 		return 0, &fs.PathError{Op: "get", Path: p, Err: err}
 	}
 	return n, nil
 }
 
+// get reads the block file at path, whose first nsEnd bytes are its
+// namespace directory, opening it beneath that directory.
+func (s *Store) get(path string, nsEnd int, key, buf []byte) (int, error) {
+	dirfd, err := openFile(path[:nsEnd], unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(dirfd)
+	bp := pathPool.Get().(*[]byte)
+	defer pathPool.Put(bp)
+	*bp = append(append((*bp)[:0], path[nsEnd+1:]...), 0)
+	fd, err := OpenBeneath(dirfd, *bp, blockOpenFlags, 0)
+	if err == unix.ELOOP {
+		return 0, errSymlink
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	n, _, err := readFile(fd, key, buf, nil)
+	return n, err
+}
+
+// blockOpenFlags open a block file for reading without following a
+// symlink (ELOOP) or waiting for a FIFO's writer or a device.
+const blockOpenFlags = unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_NOCTTY
+
+// errSymlink is the error for a symlink where a block file or a directory
+// on the way to it should be: followed, it could lead out of the tree.
+var errSymlink = fmt.Errorf("%w: symlink at block path", ErrCorrupt)
+
+// CheckRegular returns nil if mode, a stat(2) st_mode, is a regular
+// file's, and otherwise an error wrapping ErrCorrupt that names the file
+// type: nothing else at a block path is a block.
+func CheckRegular(mode uint32) error {
+	var kind string
+	switch mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		return nil
+	case unix.S_IFDIR:
+		kind = "directory"
+	case unix.S_IFIFO:
+		kind = "fifo"
+	case unix.S_IFCHR:
+		kind = "character device"
+	case unix.S_IFBLK:
+		kind = "block device"
+	case unix.S_IFSOCK:
+		kind = "socket"
+	case unix.S_IFLNK:
+		kind = "symlink"
+	default:
+		kind = fmt.Sprintf("mode %#o", mode&unix.S_IFMT)
+	}
+	return fmt.Errorf("%w: not a regular file (%s)", ErrCorrupt, kind)
+}
+
 // readBlock reads and verifies the block file at path, opened with flags
-// added to O_RDONLY, into buf. If grow is
-// non-nil, buf is replaced by grow(size) when it is too small. It returns
-// the payload size, the file's inode (once known, also with an error) and
-// raw errnos or ErrCorrupt/ErrBufferSize errors.
+// added to blockOpenFlags, into buf: a symlink at path is not followed,
+// and is corrupt. If grow is non-nil, buf is replaced by grow(size) when
+// it is too small. It returns the payload size, the inode of what is at
+// path (once known, also with an error) and raw errnos or
+// ErrCorrupt/ErrBufferSize errors.
 func readBlock(path string, flags int, key, buf []byte, grow func(int) []byte) (n int, ino uint64, err error) {
-	fd, err := openFile(path, unix.O_RDONLY|flags, 0)
+	fd, err := openFile(path, blockOpenFlags|flags, 0)
 	if err == unix.EPERM && flags&unix.O_NOATIME != 0 {
 		// O_NOATIME needs ownership or CAP_FOWNER; without it, read anyway.
-		fd, err = openFile(path, unix.O_RDONLY|flags&^unix.O_NOATIME, 0)
+		fd, err = openFile(path, blockOpenFlags|flags&^unix.O_NOATIME, 0)
+	}
+	if err == unix.ELOOP {
+		// The link's own inode, so that it, not its target, can be moved.
+		var st unix.Stat_t
+		if ignoringEINTR(func() error { return unix.Lstat(path, &st) }) == nil {
+			ino = st.Ino
+		}
+		return 0, ino, errSymlink
 	}
 	if err != nil {
 		return 0, 0, err
 	}
 	defer unix.Close(fd)
+	return readFile(fd, key, buf, grow)
+}
+
+// readFile is readBlock once the file is open: it checks that the file is
+// a regular one before reading.
+func readFile(fd int, key, buf []byte, grow func(int) []byte) (n int, ino uint64, err error) {
 	var st unix.Stat_t
 	if err := ignoringEINTR(func() error { return unix.Fstat(fd, &st) }); err != nil {
 		return 0, 0, err
+	}
+	if err := CheckRegular(st.Mode); err != nil {
+		return 0, st.Ino, err
 	}
 	n, err = readOpen(fd, &st, key, buf, grow)
 	return n, st.Ino, err
@@ -323,6 +441,62 @@ func ignoringEINTR(fn func() error) error {
 		if err := fn(); err != unix.EINTR {
 			return err
 		}
+	}
+}
+
+// syncDirAt fsyncs the directory rel beneath dirfd ("" for dirfd itself),
+// making its entries durable; name is its path for errors.
+func syncDirAt(dirfd int, rel, name string) error {
+	if rel == "" {
+		rel = "."
+	}
+	fd, err := OpenBeneath(dirfd, append([]byte(rel), 0), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: name, Err: err}
+	}
+	defer unix.Close(fd)
+	if err := ignoringEINTR(func() error { return unix.Fsync(fd) }); err != nil {
+		return &os.PathError{Op: "fsync", Path: name, Err: err}
+	}
+	return nil
+}
+
+// noOpenat2 is set once openat2(2) has failed with ENOSYS (Linux < 5.6).
+var noOpenat2 atomic.Bool
+
+// OpenBeneath opens path, NUL-terminated and relative to the directory
+// dirfd, without leaving that directory and without following any symlink
+// on the way: openat2(2) with RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS, where a
+// symlink fails with ELOOP. Without openat2 (Linux before 5.6) it falls
+// back to openat(2) with O_NOFOLLOW, which refuses a symlink only as the
+// last component. O_CLOEXEC is added and EINTR retried; the error is a raw
+// errno. It does not allocate.
+func OpenBeneath(dirfd int, path []byte, flags int, mode uint32) (int, error) {
+	if len(path) == 0 || path[len(path)-1] != 0 {
+		panic("blockstore: OpenBeneath: path is not NUL-terminated")
+	}
+	how := unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC), Mode: uint64(mode), Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS}
+	for {
+		var fd uintptr
+		var errno syscall.Errno
+		if noOpenat2.Load() {
+			fd, _, errno = unix.Syscall6(unix.SYS_OPENAT, uintptr(dirfd), uintptr(unsafe.Pointer(&path[0])),
+				uintptr(flags|unix.O_CLOEXEC|unix.O_NOFOLLOW), uintptr(mode), 0, 0)
+		} else {
+			fd, _, errno = unix.Syscall6(unix.SYS_OPENAT2, uintptr(dirfd), uintptr(unsafe.Pointer(&path[0])),
+				uintptr(unsafe.Pointer(&how)), unsafe.Sizeof(how), 0, 0)
+			if errno == unix.ENOSYS {
+				noOpenat2.Store(true)
+				continue
+			}
+		}
+		switch errno {
+		case 0:
+			return int(fd), nil
+		case unix.EINTR:
+			continue
+		}
+		return -1, errno
 	}
 }
 

@@ -1,7 +1,9 @@
 package blockstore
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -72,9 +74,9 @@ type Store struct {
 	layout     Layout     // immutable
 	quarantine string     // absolute; immutable
 
-	// dirsMu guards dirs: the absolute paths of namespace and fan-out
-	// directories this Store has created or seen exist. Entries are
-	// removed by ForgetDir when a directory turns out to have vanished.
+	// dirsMu guards dirs: the absolute paths of the root, namespace and
+	// fan-out directories this Store has created or seen exist. Entries
+	// are removed when a directory turns out to have vanished.
 	dirsMu sync.RWMutex
 	dirs   map[string]struct{}
 
@@ -85,6 +87,7 @@ type Store struct {
 type testHooks struct {
 	write        func(p []byte) error // before each write of a Put; an error fails the write
 	beforeRename func(tmp string)     // after the temporary file is complete
+	beforeRead   func(path string)    // before Verify reads a block it has walked to
 }
 
 // Open opens the store rooted at root, creating the directory if needed.
@@ -129,14 +132,17 @@ func (s *Store) Layout() Layout { return s.layout }
 // Durability returns the store's durability.
 func (s *Store) Durability() Durability { return s.durability }
 
-// NamespaceDir validates ns, creates its directory if needed and returns
-// its absolute path, for a caller that opens it as a dirfd.
+// NamespaceDir validates ns, creates its directory (and the root) if
+// needed and returns its absolute path, for a caller that opens it as a
+// dirfd. It does not trust what the Store remembers: a caller that finds
+// its dirfd's directory removed calls it to have it created again.
 func (s *Store) NamespaceDir(ns string) (string, error) {
 	if err := ValidateNamespace(ns); err != nil {
 		return "", err
 	}
 	dir := s.root + "/" + ns
-	if err := s.ensure(dir, len(s.root)); err != nil {
+	s.forget(dir)
+	if err := s.ensure(dir); err != nil {
 		return "", err
 	}
 	return dir, nil
@@ -145,8 +151,10 @@ func (s *Store) NamespaceDir(ns string) (string, error) {
 // EnsureDir creates the namespace directory and key's fan-out directories
 // if needed. It remembers what exists, so after the first call for a
 // directory it takes a read lock and a map lookup and does not allocate.
-// If a directory is removed behind the Store's back, a later create in it
-// fails with ENOENT: call ForgetDir and EnsureDir again (Put does).
+// If a remembered directory is removed behind the Store's back, EnsureDir
+// notices when it has to create a directory inside it, and creates every
+// missing level again, the root included; a create of a file in it fails
+// with ENOENT instead: call ForgetDir and EnsureDir again (Put does).
 func (s *Store) EnsureDir(ns string, key []byte) error {
 	if err := ValidateNamespace(ns); err != nil {
 		return err
@@ -163,7 +171,7 @@ func (s *Store) EnsureDir(ns string, key []byte) error {
 	if ok {
 		return nil
 	}
-	return s.ensure(string(*bp), len(s.root))
+	return s.ensure(string(*bp))
 }
 
 // pathPool holds path buffers: a stack array would escape through the
@@ -176,11 +184,15 @@ func (s *Store) ForgetDir(ns string, key []byte) {
 	if ValidateNamespace(ns) != nil || ValidateKey(key) != nil {
 		return
 	}
-	p := s.appendDir(nil, ns, key)
+	s.forget(string(s.appendDir(nil, ns, key)))
+}
+
+// forget drops dir and its ancestors up to the root from what the Store
+// remembers: any of them may have gone.
+func (s *Store) forget(dir string) {
 	s.dirsMu.Lock()
 	defer s.dirsMu.Unlock()
-	// Forget every ancestor below the root: any of them may have gone.
-	for dir := string(p); len(dir) > len(s.root); dir = dir[:strings.LastIndexByte(dir, '/')] {
+	for ; len(dir) >= len(s.root); dir = dir[:strings.LastIndexByte(dir, '/')] {
 		delete(s.dirs, dir)
 	}
 }
@@ -198,10 +210,25 @@ func (s *Store) appendDir(dst []byte, ns string, key []byte) []byte {
 	return dst[:n]
 }
 
-// ensure creates dir and its missing ancestors below the first `keep`
-// bytes (the root, which exists), then remembers them.
-func (s *Store) ensure(dir string, keep int) error {
-	for i := keep + 1; i <= len(dir); i++ {
+// ensure creates dir and its missing ancestors from the root down, and
+// remembers them. If a remembered directory has gone (creating its child
+// fails with ENOENT), it forgets them all and creates every level again,
+// the root's own ancestors too.
+func (s *Store) ensure(dir string) error {
+	err := s.mkdirs(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		s.forget(dir)
+		if err = os.MkdirAll(filepath.Dir(s.root), dirMode); err == nil {
+			err = s.mkdirs(dir)
+		}
+	}
+	return err
+}
+
+// mkdirs creates each level of dir from the root down that the Store does
+// not remember, and remembers it.
+func (s *Store) mkdirs(dir string) error {
+	for i := len(s.root); i <= len(dir); i++ {
 		if i < len(dir) && dir[i] != '/' {
 			continue
 		}
@@ -218,7 +245,7 @@ func (s *Store) ensure(dir string, keep int) error {
 			// EEXIST says only that the name is taken. A file there
 			// fails here, naming it, rather than as a puzzling ENOTDIR
 			// of a later create under it.
-			err = isDir(sub)
+			err = s.isDir(sub)
 		}
 		if err != nil {
 			return &os.PathError{Op: "mkdir", Path: sub, Err: err}
@@ -235,11 +262,17 @@ func (s *Store) ensure(dir string, keep int) error {
 	return nil
 }
 
-// isDir returns nil if path is a directory or a symlink to one (as
-// O_DIRECTORY accepts), ENOTDIR if it is something else, or stat's errno.
-func isDir(path string) error {
+// isDir returns nil if dir is a directory, ENOTDIR if it is something
+// else, or stat's errno. The root and namespace directories are the
+// operator's and may be symlinks to a directory; a fan-out directory must
+// be a directory itself: a symlink there could lead a store elsewhere.
+func (s *Store) isDir(dir string) error {
+	stat := unix.Stat
+	if len(dir) > len(s.root)+1 && strings.IndexByte(dir[len(s.root)+1:], '/') >= 0 {
+		stat = unix.Lstat
+	}
 	var st unix.Stat_t
-	if err := ignoringEINTR(func() error { return unix.Stat(path, &st) }); err != nil {
+	if err := ignoringEINTR(func() error { return stat(dir, &st) }); err != nil {
 		return err
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {

@@ -41,6 +41,19 @@
 // are capped (Options.WorkersMax), so a hung NFS server cannot make the
 // kernel spawn a thread per request.
 //
+// # Directories shared with others
+//
+// Directories removed while the tier runs are created again: a store that
+// cannot create beneath the namespace directory's fd recreates the
+// directory (with the root and the quarantine directory) and opens it
+// again, and each backend checks about once a second that its fd is still
+// the directory at the namespace's path, so lookups and loads see what
+// stores write. The sync engine opens block files beneath that fd without
+// following symlinks and without waiting (openat2 RESOLVE_BENEATH|
+// RESOLVE_NO_SYMLINKS, O_NONBLOCK): anything but a regular file at a block
+// path is StatusCorrupt and quarantined, and a lookup does not find it.
+// The io_uring engine does not yet: its opens follow links.
+//
 // # Memory
 //
 // Each shard preallocates its operation slots (Options.OpsMax), their

@@ -73,6 +73,7 @@ const (
 	phaseDirSync
 	phaseResume // a load's reads or a store's writes went short, or the block spans more phases: move the rest
 	phaseClose  // the op is decided but its slot is still open: close it
+	phaseType   // a load met something odd: STATX says whether a regular file is there
 )
 
 type stepKind uint8
@@ -90,17 +91,19 @@ const (
 	stepUnlink
 	stepClose
 	stepStatx
+	stepOpenDir // a store checks that a directory it creates under is not a link
 )
 
-var stepOps = [...]string{"mkdirat", "openat", "read", "read", "read", "write", "write", "fsync", "renameat", "unlinkat", "close", "statx"}
+var stepOps = [...]string{"mkdirat", "openat", "read", "read", "read", "write", "write", "fsync", "renameat", "unlinkat", "close", "statx", "openat"}
 
 // opMem is the memory of op i that the kernel reads or writes.
 type opMem struct {
-	path [256]byte // final path, NUL-terminated, relative to the namespace directory
-	tmp  [256]byte // temporary path of a store
-	dirs [256]byte // MKDIRAT paths, each NUL-terminated; the directory to fsync
-	stx  unix.Statx_t
-	how  unix.OpenHow // OPENAT2's flags, read by the kernel when the open runs
+	path   [256]byte // final path, NUL-terminated, relative to the namespace directory
+	tmp    [256]byte // temporary path of a store
+	dirs   [256]byte // MKDIRAT paths, each NUL-terminated; the directory to fsync
+	stx    unix.Statx_t
+	how    unix.OpenHow // OPENAT2's flags, read by the kernel when the open is submitted
+	dirHow unix.OpenHow // the same for a store's directory checks, in the same submission
 }
 
 // opState tracks op i's current phase. Owner-only.
@@ -109,12 +112,13 @@ type opState struct {
 	steps    uint8
 	pending  uint8
 	kinds    [stepsMax]stepKind
-	want     [stepsMax]int32 // bytes a read or write step asks for
+	want     [stepsMax]int32 // bytes a read or write step asks for; for a step on a directory, its path's offset in dirs
 	res      [stepsMax]int32
 	slotOpen bool   // the op's fixed-file slot holds a file
 	created  bool   // a store made directories, whose parents need a sync too (DurabilityFull)
 	retried  bool   // a store already re-created its directories once
 	eof      bool   // a load's read met the end of the file
+	moveAway bool   // a load's verdict, kept through its type check: quarantine the file
 	tail     int32  // bytes a load found past the end of a block of the tier's size
 	hdrDone  int64  // header bytes a load has read or a store has written
 	payDone  int64  // payload bytes likewise
@@ -128,6 +132,7 @@ type uringBackend struct {
 	ring     *uring.Ring
 	waker    *uring.Waker
 	nsFD     int
+	ns       *nsDirFD // owns nsFD, and replaces it when the directory goes (nsdir.go)
 	direct   bool
 	rw       uint8   // SQE flags for reads and writes: SQEAsync where the filesystem may block inline
 	om       []opMem // pinned; referenced by SQEs until their CQEs
@@ -189,8 +194,8 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	if err = b.ring.RegisterBuffers(append([][]byte{b.hdrs}, t.buffers...)); err != nil {
 		return nil, fmt.Errorf("tier: %w", err)
 	}
-	if b.nsFD, err = unix.Open(t.nsDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
-		return nil, fmt.Errorf("tier: open %s: %w", t.nsDir, err)
+	if b.ns, err = openNSDirFD(t); err != nil {
+		return nil, err
 	}
 	if b.waker, err = uring.NewWaker(); err != nil {
 		return nil, fmt.Errorf("tier: %w", err)
@@ -284,6 +289,7 @@ func (b *uringBackend) add(i int32, k stepKind, flags uint8, want int) *uring.SQ
 }
 
 func (b *uringBackend) start(i int32, o *op) {
+	b.nsFD = b.ns.current()
 	b.st[i] = opState{qpath: b.st[i].qpath[:0]}
 	m := &b.om[i]
 	path := append(b.t.store.Layout().AppendPath(m.path[:0], o.keyBytes()), 0)
@@ -328,6 +334,8 @@ func (b *uringBackend) prepare(i int32, o *op) {
 			b.add(i, stepReadHeader, uring.SQEIOLink|uring.SQEFixedFile|b.rw, int(blockstore.HeaderSize-n)).PrepareReadFixed(int(slot), b.hdr(i)[n:], uint64(n), 0)
 		}
 		b.prepareLoadRest(i, o)
+	case o.kind == OpLoad && st.phase == phaseType:
+		b.add(i, stepStatx, 0, 0).PrepareStatx(b.nsFD, &m.path[0], unix.AT_STATX_DONT_SYNC|unix.AT_SYMLINK_NOFOLLOW, unix.STATX_TYPE, &m.stx)
 	case o.kind == OpLoad && st.phase == phaseQuarantine:
 		b.add(i, stepRename, 0, 0).PrepareRenameat(b.nsFD, &m.path[0], unix.AT_FDCWD, &st.qpath[0], 0)
 	case o.kind == OpStore && st.phase == phaseMain:
@@ -407,18 +415,23 @@ func (b *uringBackend) prepareStore(i int32, o *op) {
 	}
 	if _, known := b.dirs[string(dir)]; !known {
 		// Each parent of the directory, then the directory: "aa\0aa/bb\0".
-		d := m.dirs[:0]
+		// MKDIRAT follows symlinks on the way, so before each level below
+		// the first, the level above is opened beneath the namespace
+		// without following links: a link there breaks the chain.
+		m.dirHow = unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY, Resolve: resolveBeneath}
+		d, parent := m.dirs[:0], -1
 		for k := range len(dir) - 1 {
-			if dir[k] == '/' {
-				start := len(d)
-				d = append(d, dir[:k]...)
-				d = append(d, 0)
-				b.add(i, stepMkdir, uring.SQEIOHardlink, 0).PrepareMkdirat(b.nsFD, &d[start], 0o755)
+			if dir[k+1] != '/' && dir[k+1] != 0 {
+				continue
 			}
+			if parent >= 0 {
+				b.add(i, stepOpenDir, uring.SQEIOLink, parent).PrepareOpenat2Direct(b.nsFD, &m.dirs[parent], &m.dirHow, slot)
+				b.add(i, stepClose, uring.SQEIOLink, 0).PrepareCloseDirect(slot)
+			}
+			parent = len(d)
+			d = append(append(d, dir[:k+1]...), 0)
+			b.add(i, stepMkdir, uring.SQEIOHardlink, parent).PrepareMkdirat(b.nsFD, &d[parent], 0o755)
 		}
-		start := len(d)
-		d = append(d, dir...)
-		b.add(i, stepMkdir, uring.SQEIOHardlink, 0).PrepareMkdirat(b.nsFD, &d[start], 0o755)
 	}
 	blockstore.EncodeHeader(b.hdr(i), key, o.buf)
 	m.how = unix.OpenHow{Flags: unix.O_WRONLY | unix.O_CREAT | unix.O_EXCL, Mode: 0o644, Resolve: resolveBeneath}
@@ -528,7 +541,7 @@ func (b *uringBackend) handle(c uring.CQE) {
 	st.res[step] = c.Res
 	st.pending--
 	switch {
-	case st.kinds[step] == stepOpen && c.Res >= 0:
+	case (st.kinds[step] == stepOpen || st.kinds[step] == stepOpenDir) && c.Res >= 0:
 		st.slotOpen = true
 	case st.kinds[step] == stepClose && c.Res != -int32(unix.ECANCELED):
 		st.slotOpen = false // closed, or the kernel says there was nothing to close
@@ -584,8 +597,15 @@ func (b *uringBackend) evaluate(i int32, o *op) {
 
 func (b *uringBackend) evaluateLoad(i int32, o *op, finish func(Status, error)) {
 	st, m := &b.st[i], &b.om[i]
-	if st.phase == phaseQuarantine {
+	switch st.phase {
+	case phaseQuarantine:
 		finish(o.status, o.err) // outcome set before the quarantine; its own result does not matter
+		return
+	case phaseType:
+		if st.res[0] >= 0 && m.stx.Mode&unix.S_IFMT != unix.S_IFREG {
+			o.status, o.err, st.moveAway = StatusCorrupt, blockstore.CheckRegular(uint32(m.stx.Mode)), true
+		}
+		b.settleLoad(i, o, finish)
 		return
 	}
 	moved := false
@@ -598,7 +618,11 @@ func (b *uringBackend) evaluateLoad(i int32, o *op, finish func(Status, error)) 
 		case kind == stepOpen && r == -int32(unix.ELOOP):
 			// Never quarantined: the link may be a directory on the way,
 			// and a rename through it would move someone else's file.
-			finish(StatusCorrupt, fmt.Errorf("%w: %w", blockstore.ErrCorrupt, b.t.pathError("openat", m.path[:], syscall.ELOOP)))
+			finish(StatusCorrupt, fmt.Errorf("%w: symlink at block path: %w", blockstore.ErrCorrupt, b.t.pathError("openat", m.path[:], syscall.ELOOP)))
+			return
+		case kind == stepOpen && (r == -int32(unix.EINVAL) || r == -int32(unix.EISDIR)):
+			// O_DIRECT or O_RDONLY refused: perhaps not a regular file.
+			b.checkType(i, o, StatusFailed, b.t.pathError("openat", m.path[:], syscall.Errno(-r)), false)
 			return
 		case kind == stepOpen && r < 0:
 			finish(StatusFailed, b.t.pathError("openat", m.path[:], syscall.Errno(-r)))
@@ -606,6 +630,9 @@ func (b *uringBackend) evaluateLoad(i int32, o *op, finish func(Status, error)) 
 		case kind == stepClose || kind == stepOpen || r == -int32(unix.ECANCELED):
 			// A CLOSE's result does not matter to a read; a canceled read
 			// did not run (a short read before it broke the chain).
+		case r == -int32(unix.EISDIR):
+			b.checkType(i, o, StatusFailed, b.t.pathError("read", m.path[:], syscall.EISDIR), false)
+			return
 		case r < 0:
 			finish(StatusFailed, b.t.pathError("read", m.path[:], syscall.Errno(-r)))
 			return
@@ -641,11 +668,32 @@ func (b *uringBackend) evaluateLoad(i int32, o *op, finish func(Status, error)) 
 		size += st.payDone + int64(st.tail)
 	}
 	s, quarantine, err := loadOutcome(o.keyBytes(), b.hdr(i)[:st.hdrDone], o.buf[:st.payDone], size, len(o.buf))
-	if !quarantine {
-		finish(s, err)
+	if st.hdrDone < blockstore.HeaderSize {
+		// Shorter than a header: a FIFO or a device reads so too.
+		b.checkType(i, o, s, err, quarantine)
 		return
 	}
-	o.status, o.err = s, err
+	o.status, o.err, st.moveAway = s, err, quarantine
+	b.settleLoad(i, o, finish)
+}
+
+// checkType keeps a load's verdict while a STATX finds out whether a
+// regular file is at the block's path; something else is corrupt (a FIFO,
+// a directory, a device) whatever the reads said.
+func (b *uringBackend) checkType(i int32, o *op, s Status, err error, quarantine bool) {
+	o.status, o.err, b.st[i].moveAway = s, err, quarantine
+	b.st[i].phase = phaseType
+	b.next = append(b.next, i)
+}
+
+// settleLoad finishes a load with the verdict in o, moving the file to the
+// quarantine first when the verdict says so.
+func (b *uringBackend) settleLoad(i int32, o *op, finish func(Status, error)) {
+	st := &b.st[i]
+	if !st.moveAway {
+		finish(o.status, o.err)
+		return
+	}
 	st.qpath = b.t.quarantinePath(st.qpath[:0], o.keyBytes())
 	st.phase = phaseQuarantine
 	b.next = append(b.next, i)
@@ -705,25 +753,21 @@ func (b *uringBackend) evaluateStore(i int32, o *op, finish func(Status, error))
 		return
 	}
 	kind := st.kinds[k]
-	if (kind == stepOpen || kind == stepMkdir) && err == syscall.ENOENT && !st.retried && !o.canceled {
+	if (kind == stepOpen || kind == stepMkdir || kind == stepOpenDir) && err == syscall.ENOENT && !st.retried && !o.canceled {
 		// A directory is missing (new, or removed under us): create it and try once more.
 		st.retried = true
 		b.forgetDir(i)
 		st.hdrDone, st.payDone = 0, 0
+		b.nsFD = b.ns.renew(b.nsFD)
 		b.next = append(b.next, i)
 		return
 	}
 	var path []byte
 	switch kind {
-	case stepMkdir:
-		// The first MKDIRAT that failed is the cause; the steps after it
-		// failed for want of its directory.
-		path = m.dirs[:]
-		for j := range k {
-			if st.kinds[j] == stepMkdir {
-				path = path[bytes.IndexByte(path, 0)+1:]
-			}
-		}
+	case stepMkdir, stepOpenDir:
+		// The first that failed is the cause; the steps after it failed
+		// for want of its directory.
+		path = m.dirs[st.want[k]:]
 	case stepRename:
 		path = m.path[:]
 	default:
@@ -829,8 +873,8 @@ func (b *uringBackend) close() {
 	if b.hdrs != nil {
 		uring.FreeBuffer(b.hdrs)
 	}
-	if b.nsFD >= 0 {
-		unix.Close(b.nsFD)
+	if b.ns != nil {
+		b.ns.close()
 	}
 	b.pinner.Unpin()
 }

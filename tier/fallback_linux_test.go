@@ -42,6 +42,12 @@ var conformanceSuite = []struct {
 	{"TestDirectoryIsAFile", TestDirectoryIsAFile},
 	{"TestAfterClose", TestAfterClose},
 	{"TestBuffersDuringClose", TestBuffersDuringClose},
+	{"TestStoreAfterNamespaceRemoved", TestStoreAfterNamespaceRemoved},
+	{"TestStoreAfterFanoutRemoved", TestStoreAfterFanoutRemoved},
+	{"TestStoreAfterRepeatedRemoval", TestStoreAfterRepeatedRemoval},
+	{"TestNamespaceRecreatedElsewhere", TestNamespaceRecreatedElsewhere},
+	{"TestNotRegularAtBlockPath", TestNotRegularAtBlockPath},
+	{"TestSymlinkedFanoutDir", TestSymlinkedFanoutDir},
 }
 
 // notInConformanceSuite is every other test of this package, with the reason it stays out.

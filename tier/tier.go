@@ -177,7 +177,12 @@ func (t *Tier) startEngine() error {
 	if kind == EngineSync {
 		t.engine.Inline = false
 		t.engine.Direct, t.engine.NoDirect = false, "the sync engine reads through the page cache"
-		t.shards = []*shard{newShard(t, 0, newSyncBackend(t))}
+		be, err := newSyncBackend(t)
+		if err != nil {
+			t.freeBuffers()
+			return err
+		}
+		t.shards = []*shard{newShard(t, 0, be)}
 		go t.shards[0].run()
 		return nil
 	}

@@ -1,0 +1,254 @@
+package blockstore
+
+import (
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// keySharingTop returns a key whose top-level fan-out directory is key's
+// and whose leaf directory is not.
+func keySharingTop(t *testing.T, key []byte) []byte {
+	for i := 1; i < 100_000; i++ {
+		if k := testKey(i, len(key)); k[0] == key[0] && k[1] != key[1] {
+			return k
+		}
+	}
+	require.FailNow(t, "no key shares the top-level fan-out directory", "%x", key[:1])
+	return nil
+}
+
+// TestPutAfterDirectoriesRemoved removes directories the Store remembers,
+// up to its root, and stores into a directory it has never seen under the
+// removed one: Put recreates every missing level.
+func TestPutAfterDirectoriesRemoved(t *testing.T) {
+	key := testKey(0, 32)
+	other := keySharingTop(t, key)
+	for _, c := range []struct {
+		name   string
+		victim func(s *Store) string
+	}{
+		{"fanout", func(s *Store) string { return filepath.Join(s.Root(), "ns", fmt.Sprintf("%02x", key[0])) }},
+		{"namespace", func(s *Store) string { return filepath.Join(s.Root(), "ns") }},
+		{"root", func(s *Store) string { return s.Root() }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := openTestStore(t, Options{Durability: DurabilityFull})
+			require.NoError(t, s.Put("ns", key, []byte("one")))
+			require.NoError(t, os.RemoveAll(c.victim(s)))
+
+			require.NoError(t, s.Put("ns", other, []byte("two")))
+			require.NoError(t, s.Put("ns", key, []byte("three")))
+			for k, want := range map[string]string{string(other): "two", string(key): "three"} {
+				buf := make([]byte, len(want))
+				_, err := s.Get("ns", []byte(k), buf)
+				require.NoError(t, err)
+				assert.Equal(t, want, string(buf))
+			}
+		})
+	}
+}
+
+// TestPutSymlinkedFanout plants a symlink to a directory outside the tree
+// in place of a fan-out directory, one the Store has never seen and one it
+// remembers: Put fails and writes nothing through the link.
+func TestPutSymlinkedFanout(t *testing.T) {
+	key := testKey(0, 32)
+	top := fmt.Sprintf("%02x", key[0])
+	leaf := filepath.Join(top, fmt.Sprintf("%02x", key[1]))
+	for _, c := range []struct {
+		name  string
+		known bool   // Put once before planting the link
+		link  string // the fan-out directory replaced by a link
+	}{
+		{"top-new", false, top},
+		{"top-known", true, top},
+		{"leaf-new", false, leaf},
+		{"leaf-known", true, leaf},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := openTestStore(t, Options{})
+			nsDir, err := s.NamespaceDir("ns")
+			require.NoError(t, err)
+			if c.known {
+				require.NoError(t, s.Put("ns", key, []byte("mine")))
+			}
+			outside := t.TempDir()
+			link := filepath.Join(nsDir, c.link)
+			require.NoError(t, os.RemoveAll(link))
+			require.NoError(t, os.MkdirAll(filepath.Dir(link), 0o755))
+			require.NoError(t, os.Symlink(outside, link))
+
+			err = s.Put("ns", key, []byte("must not land outside"))
+			require.Error(t, err)
+			entries, err := os.ReadDir(outside)
+			require.NoError(t, err)
+			assert.Empty(t, entries, "Put wrote through the symlink")
+		})
+	}
+}
+
+// TestOpenBeneathWithoutOpenat2 runs Put and Get on the openat(2) fallback
+// for kernels without openat2(2): they work, and a symlink as the last
+// component is still refused.
+func TestOpenBeneathWithoutOpenat2(t *testing.T) {
+	noOpenat2.Store(true)
+	t.Cleanup(func() { noOpenat2.Store(false) })
+	s := openTestStore(t, Options{Durability: DurabilityFull})
+	key := testKey(0, 32)
+	require.NoError(t, s.Put("ns", key, []byte("one")))
+	buf := make([]byte, 3)
+	_, err := s.Get("ns", key, buf)
+	require.NoError(t, err)
+	assert.Equal(t, "one", string(buf))
+
+	dir, err := s.NamespaceDir("ns")
+	require.NoError(t, err)
+	require.NoError(t, os.Symlink(filepath.Join(dir, "target"), filepath.Join(dir, "link")))
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	_, err = OpenBeneath(fd, []byte("link\x00"), unix.O_WRONLY|unix.O_CREAT, 0o644)
+	assert.Equal(t, unix.ELOOP, err)
+	assert.NoFileExists(t, filepath.Join(dir, "target"))
+}
+
+// notRegular are entries that are not block files, planted at a block
+// path: each returns what it planted and the path of a file outside the
+// tree that it links to, if any.
+var notRegular = []struct {
+	name  string
+	plant func(t *testing.T, s *Store, key []byte, path string) (outside string)
+	want  string
+}{
+	{"fifo", func(t *testing.T, _ *Store, _ []byte, path string) string {
+		require.NoError(t, unix.Mkfifo(path, 0o644))
+		return ""
+	}, "not a regular file (fifo)"},
+	{"symlink", func(t *testing.T, _ *Store, key []byte, path string) string {
+		outside := outsideBlock(t, key)
+		require.NoError(t, os.Symlink(outside, path))
+		return outside
+	}, "symlink at block path"},
+	{"directory", func(t *testing.T, _ *Store, _ []byte, path string) string {
+		require.NoError(t, os.Mkdir(path, 0o755))
+		return ""
+	}, "not a regular file (directory)"},
+	{"symlinked-fanout", func(t *testing.T, s *Store, key []byte, path string) string {
+		outside := outsideBlock(t, key)
+		top := filepath.Dir(filepath.Dir(path))
+		require.NoError(t, os.RemoveAll(top))
+		require.NoError(t, os.Symlink(filepath.Dir(filepath.Dir(outside)), top))
+		return outside
+	}, "symlink at block path"},
+}
+
+// outsideBlock writes a valid block of key into a store outside the tree
+// under test and returns its path.
+func outsideBlock(t *testing.T, key []byte) string {
+	s := openTestStore(t, Options{})
+	require.NoError(t, s.Put("ns", key, testPayload(key, 100)))
+	info, err := s.Stat("ns", key)
+	require.NoError(t, err)
+	return info.Path
+}
+
+// withinSeconds runs f and fails t if it has not returned within two
+// seconds (a read blocked on a FIFO, say).
+func withinSeconds(t *testing.T, what string, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { defer close(done); f() }()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Second):
+		require.FailNow(t, what+" blocked")
+	}
+}
+
+// unchanged fails t if the file at path no longer holds want.
+func unchanged(t *testing.T, path string, want []byte) {
+	t.Helper()
+	got, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, want, got, "the file outside the tree changed")
+}
+
+// TestGetNotRegular plants entries that are not block files at a block
+// path: Get reports ErrCorrupt saying what it found, at once, and reads
+// nothing through a link.
+func TestGetNotRegular(t *testing.T) {
+	key := testKey(0, 32)
+	for _, c := range notRegular {
+		t.Run(c.name, func(t *testing.T) {
+			s := openTestStore(t, Options{})
+			require.NoError(t, s.Put("ns", key, testPayload(key, 50)))
+			info, err := s.Stat("ns", key)
+			require.NoError(t, err)
+			require.NoError(t, os.Remove(info.Path))
+			outside := c.plant(t, s, key, info.Path)
+			var before []byte
+			if outside != "" {
+				before, err = os.ReadFile(outside)
+				require.NoError(t, err)
+			}
+
+			withinSeconds(t, "Get", func() { _, err = s.Get("ns", key, make([]byte, 100)) })
+			require.ErrorIs(t, err, ErrCorrupt)
+			assert.Contains(t, err.Error(), c.want)
+			if outside != "" {
+				unchanged(t, outside, before)
+			}
+		})
+	}
+}
+
+// TestVerifyNotRegular swaps block files for entries that are not block
+// files just before Verify reads them (as a tenant could between its walk
+// and its read): Verify reports each corrupt at once and quarantines the
+// entry itself, never what a link points to.
+func TestVerifyNotRegular(t *testing.T) {
+	key := testKey(0, 32)
+	for _, c := range notRegular[:3] { // a fan-out link is never walked into
+		t.Run(c.name, func(t *testing.T) {
+			s := openTestStore(t, Options{})
+			require.NoError(t, s.Put("ns", key, testPayload(key, 50)))
+			var outside string
+			var before []byte
+			s.hooks = &testHooks{beforeRead: func(path string) {
+				require.NoError(t, os.Remove(path))
+				outside = c.plant(t, s, key, path)
+				if outside != "" {
+					var err error
+					before, err = os.ReadFile(outside)
+					require.NoError(t, err)
+				}
+			}}
+			var problems []Problem
+			var stats VerifyStats
+			var err error
+			withinSeconds(t, "Verify", func() {
+				stats, err = s.Verify("ns", VerifyQuarantine, func(p Problem) { problems = append(problems, p) })
+			})
+			require.NoError(t, err)
+			assert.Equal(t, int64(1), stats.Corrupt)
+			require.Len(t, problems, 1)
+			require.ErrorIs(t, problems[0].Err, ErrCorrupt)
+			assert.Contains(t, problems[0].Err.Error(), c.want)
+			require.NoError(t, problems[0].ActionErr)
+			assert.NotEmpty(t, problems[0].Moved, "not quarantined")
+			_, err = os.Lstat(problems[0].Block.Path)
+			assert.ErrorIs(t, err, fs.ErrNotExist)
+			if outside != "" {
+				unchanged(t, outside, before)
+			}
+		})
+	}
+}
