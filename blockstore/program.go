@@ -29,8 +29,11 @@ import (
 //
 //	lookup: STATX (no symlink followed; a regular file is a block)
 //	load:   OPEN ─ READ past the block's end ═ READ header ═ READ payload ─ … ─ CLOSE
-//	        then for a short read: READ the rest ─ … ─ CLOSE; for a corrupt block: RENAME into quarantine
-//	store:  [MKDIR ═ …] OPEN tmp (O_CREAT|O_EXCL) ─ WRITE header ─ WRITE payload ─ … [─ FSYNC] ─ CLOSE ─ RENAME tmp → block
+//	        then for a short read: READ the rest ─ … ─ CLOSE; for an open or read that fails
+//	        oddly or a file shorter than a header: STATX (what is there?); for a corrupt
+//	        block: RENAME into quarantine
+//	store:  [MKDIR aa ═ OPEN aa ─ CLOSE ─ MKDIR aa/bb ═ …] OPEN tmp (O_CREAT|O_EXCL) ─ WRITE header
+//	        ─ WRITE payload ─ … [─ FSYNC] ─ CLOSE ─ RENAME tmp → block
 //	        then for a short write: WRITE the rest ─ … ─ CLOSE ─ RENAME; on failure: UNLINK tmp;
 //	        for DurabilityFull: OPEN dir ─ FSYNC ═ CLOSE for the block's directory (and its parents if created)
 //	(─ LinkOnSuccess, ═ LinkAlways)
@@ -41,7 +44,10 @@ import (
 // (which on NFS reports deferred write errors), so a failed store never
 // creates or replaces a block. Opens resolve beneath the namespace
 // directory without following any symlink, and loads open with O_NONBLOCK,
-// so a FIFO at a block path reads as empty instead of blocking.
+// so a FIFO at a block path reads as empty instead of blocking; whatever
+// is not a regular file there is corrupt. MKDIR follows links on the way,
+// so before creating a directory below another, the store opens that one
+// without following links: a link there stops the chain.
 
 // Op is what a Program does.
 type Op uint8
@@ -97,6 +103,8 @@ const (
 	roleSync
 	roleClose
 	roleMkdir
+	roleDirCheck // a store's check that a directory it creates under is not a link
+	roleType     // a load's STATX of whatever odd thing is at the block's path
 	rolePublish
 	roleQuarantine
 	roleUnlink
@@ -166,6 +174,7 @@ const (
 	phaseCleanup
 	phaseDirSync
 	phaseClose // decided, but the file is still open: close it first
+	phaseType  // a load met something odd: STATX says whether a regular file is there
 )
 
 // DirCache remembers which of a namespace's directories exist, so a store
@@ -189,8 +198,10 @@ type Program struct {
 	Status   Status // the outcome, once Judge returns true
 	Err      error  // why, for StatusCorrupt and StatusFailed
 	Canceled bool   // the caller gave up: no retry, no resume
+	Renew    bool   // a store found a directory gone and tries again: the engine may reopen the namespace directory first
 	Stx      unix.Statx_t
-	How      unix.OpenHow
+	How      unix.OpenHow // the open of the phase's file; the kernel reads it when the step is submitted
+	DirHow   unix.OpenHow // a store's directory checks, submitted with its open
 	Key      [KeySizeMax]byte
 	KeyLen   uint8
 
@@ -203,6 +214,7 @@ type Program struct {
 	created  bool  // a store made directories (their parents need a sync for DurabilityFull)
 	retried  bool  // a store already recreated its directories once
 	eof      bool  // a load's read met the end of the file
+	moveAway bool  // a load's verdict, kept through its type check: quarantine the file
 	tail     int32 // bytes a load found past the end of a block of the expected size
 	hdrDone  int64
 	payDone  int64
@@ -289,6 +301,8 @@ func (p *Program) lay() {
 			s.Buf, s.Off = p.hdr[n:], n
 		}
 		p.layLoadRest()
+	case p.Op == OpLoad && p.phase == phaseType:
+		p.add(StepStatx, roleType, LinkNone).Path = &p.path[0]
 	case p.Op == OpLoad && p.phase == phaseQuarantine:
 		s := p.add(StepRename, roleQuarantine, LinkNone)
 		s.Path, s.Path2, s.Abs2 = &p.path[0], &p.qpath[0], true
@@ -337,15 +351,23 @@ func (p *Program) layStore() {
 		panic("blockstore: block path longer than PathMax") // Start checked the block's path
 	}
 	if len(dir) > 0 && !p.cfg.Dirs.Known(dir) {
-		// Each parent of the directory, then the directory: "aa\0aa/bb\0".
-		d := p.dirs[:0]
+		// Each level of the directory: "aa\0aa/bb\0"; before each level
+		// but the first, the one above is opened without following links.
+		p.DirHow = unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY, Resolve: ResolveBeneath}
+		d, parent := p.dirs[:0], -1
 		for k := range len(dir) {
-			if k == len(dir)-1 || dir[k+1] == '/' {
-				start := len(d)
-				d = append(append(d, dir[:k+1]...), 0)
-				s := p.add(StepMkdir, roleMkdir, LinkAlways)
-				s.Path, s.dir = &d[start], uint16(start)
+			if k < len(dir)-1 && dir[k+1] != '/' {
+				continue
 			}
+			if parent >= 0 {
+				s := p.add(StepOpen, roleDirCheck, LinkOnSuccess)
+				s.Path, s.How, s.dir = &p.dirs[parent], &p.DirHow, uint16(parent)
+				p.add(StepClose, roleClose, LinkOnSuccess)
+			}
+			parent = len(d)
+			d = append(append(d, dir[:k+1]...), 0)
+			s := p.add(StepMkdir, roleMkdir, LinkAlways)
+			s.Path, s.dir = &d[parent], uint16(parent)
 		}
 	}
 	EncodeHeader(p.hdr, key, p.buf)
@@ -459,8 +481,14 @@ func (p *Program) next(ph phase) {
 }
 
 func (p *Program) judgeLoad() bool {
-	if p.phase == phaseQuarantine {
+	switch p.phase {
+	case phaseQuarantine:
 		return p.decide(p.Status, p.Err) // set before the quarantine; its own result does not matter
+	case phaseType:
+		if p.Steps[0].Res >= 0 && p.Stx.Mode&unix.S_IFMT != unix.S_IFREG {
+			p.Status, p.Err, p.moveAway = StatusCorrupt, CheckRegular(uint32(p.Stx.Mode)), true
+		}
+		return p.settleLoad()
 	}
 	moved := false
 	for k := range p.N {
@@ -470,14 +498,18 @@ func (p *Program) judgeLoad() bool {
 		case s.role == roleOpen && r == -int32(unix.ENOENT):
 			return p.decide(StatusMissing, nil)
 		case s.role == roleOpen && r == -int32(unix.ELOOP):
-			// Never quarantined: the link may be a directory on the way,
-			// and a rename through it would move someone else's file.
-			return p.decide(StatusCorrupt, fmt.Errorf("%w: %w", ErrCorrupt, p.pathError(StepOpen, p.path[:], syscall.ELOOP)))
+			// Left in place: the link may be a directory on the way, and
+			// a rename through it would move someone else's file.
+			return p.decide(StatusCorrupt, fmt.Errorf("%w: symlink at block path: %w", ErrCorrupt, p.pathError(StepOpen, p.path[:], syscall.ELOOP)))
+		case s.role == roleOpen && odd(r):
+			return p.checkType(StatusFailed, p.pathError(StepOpen, p.path[:], syscall.Errno(-r)), false)
 		case s.role == roleOpen && r < 0:
 			return p.decide(StatusFailed, p.pathError(StepOpen, p.path[:], syscall.Errno(-r)))
 		case s.role == roleOpen || s.role == roleClose || r == -int32(unix.ECANCELED):
 			// A close's result does not matter to a read; a canceled read
 			// did not run (a short read before it stopped the chain).
+		case odd(r):
+			return p.checkType(StatusFailed, p.pathError(StepRead, p.path[:], syscall.Errno(-r)), false)
 		case r < 0:
 			return p.decide(StatusFailed, p.pathError(StepRead, p.path[:], syscall.Errno(-r)))
 		case s.role == roleTail:
@@ -510,13 +542,39 @@ func (p *Program) judgeLoad() bool {
 		size += p.payDone + int64(p.tail)
 	}
 	st, quarantine, err := judgeFile(p.KeyBytes(), p.hdr[:p.hdrDone], p.buf[:p.payDone], size, len(p.buf))
-	if !quarantine || p.cfg.Quarantine == "" {
-		return p.decide(st, err)
+	if p.hdrDone < HeaderSize {
+		// Shorter than a header: a FIFO or a device reads so too.
+		return p.checkType(st, err, quarantine)
 	}
-	p.Status, p.Err = st, err
+	p.Status, p.Err, p.moveAway = st, err, quarantine
+	return p.settleLoad()
+}
+
+// odd reports whether a load's open or read failed in a way that may mean
+// no regular file is there: O_DIRECT refused (a directory, a device), a
+// directory read, a FIFO with a writer but no data.
+func odd(r int32) bool {
+	return r == -int32(unix.EINVAL) || r == -int32(unix.EISDIR) || r == -int32(unix.EAGAIN)
+}
+
+// checkType keeps a load's verdict while a STATX finds out whether a
+// regular file is at the block's path; anything else is corrupt (a FIFO,
+// a directory, a device) whatever the reads said.
+func (p *Program) checkType(st Status, err error, quarantine bool) bool {
+	p.Status, p.Err, p.moveAway = st, err, quarantine
+	p.next(phaseType)
+	return false
+}
+
+// settleLoad decides a load with the verdict in Status and Err, moving the
+// file to the quarantine first when the verdict says so.
+func (p *Program) settleLoad() bool {
+	if !p.moveAway || p.cfg.Quarantine == "" {
+		return p.decide(p.Status, p.Err)
+	}
 	q := fmt.Appendf(append(append(append(p.qpath[:0], p.cfg.Quarantine...), '/'), p.cfg.Namespace...), ".%x.%d", p.KeyBytes(), NewTempToken())
 	if len(q) >= len(p.qpath) {
-		return p.decide(st, err) // no room for the name: leave the file in place
+		return p.decide(p.Status, p.Err) // no room for the name: leave the file in place
 	}
 	p.qpath[len(q)] = 0
 	p.next(phaseQuarantine)
@@ -607,10 +665,10 @@ func (p *Program) judgeStore() bool {
 		return p.decide(StatusStored, nil)
 	}
 	s := &p.Steps[k]
-	if (s.role == roleOpen || s.role == roleMkdir) && err == syscall.ENOENT && !p.retried && !p.Canceled {
+	if (s.role == roleOpen || s.role == roleMkdir || s.role == roleDirCheck) && err == syscall.ENOENT && !p.retried && !p.Canceled {
 		// A directory is missing (new, or removed under us): create it
 		// and try once more.
-		p.retried = true
+		p.retried, p.Renew = true, true
 		p.cfg.Dirs.Forget(p.cfg.Layout.AppendDir(p.dirs[:0], p.KeyBytes()))
 		p.hdrDone, p.payDone = 0, 0
 		p.next(phaseMain)
@@ -618,9 +676,9 @@ func (p *Program) judgeStore() bool {
 	}
 	var path []byte
 	switch s.role {
-	case roleMkdir:
-		// The first MKDIR that failed is the cause; the steps after it
-		// failed for want of its directory.
+	case roleMkdir, roleDirCheck:
+		// The first that failed is the cause; the steps after it failed
+		// for want of its directory.
 		path = p.dirs[s.dir:]
 	case rolePublish:
 		path = p.path[:]

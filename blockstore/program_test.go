@@ -33,7 +33,8 @@ type fakeFS struct {
 	tmp     []byte // a store's temporary file
 	calls   []StepOp
 	fail    map[int]int32
-	noMkdir bool // a MKDIR failed: creating the temporary file fails with ENOENT
+	noMkdir bool   // a MKDIR failed: creating the temporary file fails with ENOENT
+	mode    uint16 // what STATX finds at the block's path, if not a regular file
 }
 
 func (f *fakeFS) call(p *Program, s *Step) int32 {
@@ -56,6 +57,9 @@ func (f *fakeFS) call(p *Program, s *Step) int32 {
 			return -int32(unix.ENOENT)
 		}
 		p.Stx.Mode = unix.S_IFREG
+		if f.mode != 0 {
+			p.Stx.Mode = f.mode
+		}
 	case StepOpen:
 		if s.How.Flags&unix.O_CREAT != 0 && f.noMkdir {
 			return -int32(unix.ENOENT)
@@ -222,6 +226,30 @@ func TestProgramLoad(t *testing.T) {
 		assert.ErrorIs(t, p.Err, syscall.ELOOP)
 		assert.Len(t, phases, 1, "never quarantined")
 	})
+	for _, c := range []struct {
+		name string
+		f    *fakeFS
+		want string
+	}{
+		// A FIFO opened O_NONBLOCK reads as empty.
+		{"fifo", &fakeFS{file: []byte{}, mode: unix.S_IFIFO}, "not a regular file (fifo)"},
+		// O_DIRECT refuses a directory.
+		{"directory", &fakeFS{file: good, mode: unix.S_IFDIR, fail: map[int]int32{0: -int32(unix.EINVAL)}}, "not a regular file (directory)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p, phases := load(t, c.f)
+			require.Equal(t, StatusCorrupt, p.Status, "%v", p.Err)
+			assert.Contains(t, p.Err.Error(), c.want)
+			assert.True(t, slices.ContainsFunc(phases, func(ph []StepOp) bool { return slices.Equal(ph, []StepOp{StepStatx}) }), "a STATX looked: %v", phases)
+			assert.True(t, slices.ContainsFunc(phases, func(ph []StepOp) bool { return slices.Equal(ph, []StepOp{StepRename}) }), "quarantined: %v", phases)
+		})
+	}
+	t.Run("open-einval-on-a-file", func(t *testing.T) {
+		// A regular file whose open failed oddly keeps the open's error.
+		p, _ := load(t, &fakeFS{file: good, fail: map[int]int32{0: -int32(unix.EINVAL)}})
+		require.Equal(t, StatusFailed, p.Status)
+		assert.ErrorIs(t, p.Err, syscall.EINVAL)
+	})
 	t.Run("read-error", func(t *testing.T) {
 		p, _ := load(t, &fakeFS{file: good, fail: map[int]int32{3: -int32(unix.EIO)}})
 		require.Equal(t, StatusFailed, p.Status)
@@ -240,10 +268,16 @@ func TestProgramStoreFailures(t *testing.T) {
 	key := testKey(3, 32)
 	payload := testPayload(key, 2*HeaderSize)
 	for _, d := range []Durability{DurabilityNone, DurabilityData, DurabilityFull} {
-		// new directories: MKDIR MKDIR OPEN WRITE WRITE [FSYNC] CLOSE RENAME
+		// new directories: MKDIR, OPEN+CLOSE (the check), MKDIR, OPEN tmp,
+		// WRITE, WRITE, [FSYNC,] CLOSE, RENAME
 		var p Program
 		require.NoError(t, p.Start(testConfig(d), OpStore, key, payload, make([]byte, HeaderSize), false))
-		steps := p.N
+		steps, tmpOpen := p.N, 0
+		for k := range steps {
+			if p.Steps[k].role == roleOpen {
+				tmpOpen = k
+			}
+		}
 		for k := range steps {
 			errno := unix.EIO
 			if p.Steps[k].Op == StepMkdir {
@@ -262,23 +296,26 @@ func TestProgramStoreFailures(t *testing.T) {
 				require.True(t, errors.As(p.Err, &pe), "%v", p.Err)
 				assert.Equal(t, op.String(), pe.Op)
 				assert.ErrorIs(t, p.Err, errno)
-				switch op {
-				case StepMkdir:
+				if k <= tmpOpen {
 					assert.Len(t, phases, 1, "nothing to clean up")
-				case StepOpen:
-					assert.Len(t, phases, 1, "nothing to clean up")
-				default:
+				} else {
 					assert.True(t, slices.ContainsFunc(phases, func(ph []StepOp) bool { return slices.Equal(ph, []StepOp{StepUnlink}) }),
 						"the temporary file is removed: %v", phases)
 				}
 			})
 		}
 	}
+	// In a known directory: OPEN WRITE WRITE CLOSE RENAME.
+	known := func(d Durability) *Config {
+		cfg := testConfig(d)
+		cfg.Dirs.Remember(cfg.Layout.AppendDir(nil, key))
+		return cfg
+	}
 	t.Run("close-fails-after-writes", func(t *testing.T) {
 		var p Program
-		require.NoError(t, p.Start(testConfig(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
-		f := &fakeFS{fail: map[int]int32{5: -int32(unix.EIO)}} // MKDIR MKDIR OPEN WRITE WRITE CLOSE RENAME
-		require.Equal(t, StepClose, p.Steps[5].Op)
+		require.NoError(t, p.Start(known(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
+		f := &fakeFS{fail: map[int]int32{3: -int32(unix.EIO)}}
+		require.Equal(t, StepClose, p.Steps[3].Op)
 		phases := f.run(t, &p)
 		require.Equal(t, StatusFailed, p.Status)
 		assert.Contains(t, p.Err.Error(), "close /ns/")
@@ -287,8 +324,8 @@ func TestProgramStoreFailures(t *testing.T) {
 	})
 	t.Run("rename-fails", func(t *testing.T) {
 		var p Program
-		require.NoError(t, p.Start(testConfig(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
-		f := &fakeFS{fail: map[int]int32{6: -int32(unix.EXDEV)}}
+		require.NoError(t, p.Start(known(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
+		f := &fakeFS{fail: map[int]int32{4: -int32(unix.EXDEV)}}
 		phases := f.run(t, &p)
 		require.Equal(t, StatusFailed, p.Status)
 		assert.ErrorIs(t, p.Err, syscall.EXDEV)
@@ -296,8 +333,8 @@ func TestProgramStoreFailures(t *testing.T) {
 	})
 	t.Run("short-write-continues", func(t *testing.T) {
 		var p Program
-		require.NoError(t, p.Start(testConfig(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
-		f := &fakeFS{fail: map[int]int32{4: 100}} // the payload write moves 100 bytes
+		require.NoError(t, p.Start(known(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
+		f := &fakeFS{fail: map[int]int32{2: 100}} // the payload write moves 100 bytes
 		phases := f.run(t, &p)
 		require.Equal(t, StatusStored, p.Status, "%v", p.Err)
 		assert.True(t, bytes.Equal(blockFile(key, payload), f.file), "the file holds the block")
@@ -305,10 +342,10 @@ func TestProgramStoreFailures(t *testing.T) {
 	})
 	t.Run("short-write-then-enospc", func(t *testing.T) {
 		var p Program
-		require.NoError(t, p.Start(testConfig(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
-		// Calls: MKDIR MKDIR OPEN WRITE WRITE(100 bytes), then WRITE(ENOSPC);
-		// the steps a failure cancels make no call.
-		f := &fakeFS{fail: map[int]int32{4: 100, 5: -int32(unix.ENOSPC)}}
+		require.NoError(t, p.Start(known(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
+		// Calls: OPEN WRITE WRITE(100 bytes), then WRITE(ENOSPC); the steps
+		// a failure cancels make no call.
+		f := &fakeFS{fail: map[int]int32{2: 100, 3: -int32(unix.ENOSPC)}}
 		phases := f.run(t, &p)
 		require.Equal(t, StatusFailed, p.Status)
 		assert.ErrorIs(t, p.Err, syscall.ENOSPC)
@@ -323,7 +360,21 @@ func TestProgramStoreFailures(t *testing.T) {
 		f := &fakeFS{fail: map[int]int32{0: -int32(unix.ENOENT)}}
 		phases := f.run(t, &p)
 		require.Equal(t, StatusStored, p.Status, "%v", p.Err)
-		assert.Equal(t, []StepOp{StepMkdir, StepMkdir, StepOpen, StepWrite, StepWrite, StepClose, StepRename}, phases[1])
+		assert.Equal(t, []StepOp{StepMkdir, StepOpen, StepClose, StepMkdir, StepOpen, StepWrite, StepWrite, StepClose, StepRename}, phases[1])
+		assert.True(t, p.Renew, "the engine is told to look at its namespace directory")
+	})
+	t.Run("symlinked-directory", func(t *testing.T) {
+		// The check of the first level finds a link: the chain stops
+		// before the MKDIR below it and before anything is created.
+		var p Program
+		require.NoError(t, p.Start(testConfig(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
+		f := &fakeFS{fail: map[int]int32{1: -int32(unix.ELOOP)}}
+		phases := f.run(t, &p)
+		require.Equal(t, StatusFailed, p.Status)
+		assert.ErrorIs(t, p.Err, syscall.ELOOP)
+		assert.Equal(t, []StepOp{StepMkdir, StepOpen}, f.calls, "nothing ran after the check")
+		assert.Len(t, phases, 1)
+		assert.Contains(t, p.Err.Error(), "openat /ns/"+string(FanoutLayout{}.AppendDir(nil, key)[:2]))
 	})
 	t.Run("full-durability-syncs-directories", func(t *testing.T) {
 		var p Program
