@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -24,17 +23,15 @@ var headerPool = sync.Pool{New: func() any { return new([HeaderSize]byte) }}
 // Readers see either the old block, no block, or the whole new one.
 // Concurrent Puts of the same key are safe: the last rename wins, and
 // since blocks are content-addressed its content is the same. On failure
-// the temporary file is removed and nothing becomes visible. Put opens the
-// namespace directory for the call and works beneath it as PutAt does.
+// the temporary file is removed and nothing becomes visible. Put runs the
+// store program (Program) beneath the namespace directory, opened for the
+// call: nothing on the way is a symlink it follows.
 func (s *Store) Put(ns string, key, payload []byte) error {
 	return s.put(-1, ns, key, payload)
 }
 
 // PutAt is Put for a caller that holds the namespace directory open as
-// dirfd (see NamespaceDir). The temporary file is created beneath dirfd
-// without following any symlink (OpenBeneath), and renamed relative to it,
-// so a symlink planted in place of a fan-out directory cannot make it
-// write outside the tree. If dirfd's directory has been removed, PutAt
+// dirfd (see NamespaceDir). If dirfd's directory has been removed, PutAt
 // creates the directories at the namespace's path again but still fails,
 // with an error for which errors.Is(err, fs.ErrNotExist) holds: the caller
 // opens the namespace directory again and retries.
@@ -42,117 +39,148 @@ func (s *Store) PutAt(dirfd int, ns string, key, payload []byte) error {
 	return s.put(dirfd, ns, key, payload)
 }
 
+// programPool holds Programs for Put and Get.
+var programPool = sync.Pool{New: func() any { return new(Program) }}
+
 // put is Put (dirfd < 0) and PutAt.
 func (s *Store) put(dirfd int, ns string, key, payload []byte) error {
-	final, err := s.blockPath(ns, key)
-	if err != nil {
+	if err := ValidateNamespace(ns); err != nil {
+		return err
+	}
+	if err := ValidateKey(key); err != nil {
 		return err
 	}
 	if len(payload) > PayloadSizeMax {
 		return fmt.Errorf("%w: %d bytes, more than %d", ErrPayloadSize, len(payload), PayloadSizeMax)
 	}
-	if err := s.EnsureDir(ns, key); err != nil {
-		return err
-	}
-	hdr := headerPool.Get().(*[HeaderSize]byte)
-	defer headerPool.Put(hdr)
-	EncodeHeader(hdr[:], key, payload)
-
-	err = s.publishIn(dirfd, ns, key, final, hdr[:], payload)
-	if err == unix.ENOENT {
-		// A directory vanished (an admin removed an empty one): the
-		// directory cache lied. Recreate and retry once.
-		s.ForgetDir(ns, key)
-		if err = s.EnsureDir(ns, key); err == nil {
-			err = s.publishIn(dirfd, ns, key, final, hdr[:], payload)
-		}
-	}
-	if err != nil {
-		return &fs.PathError{Op: "put", Path: final, Err: err}
-	}
-	return nil
-}
-
-// publishIn is publish beneath dirfd, or, if dirfd < 0, beneath the
-// namespace directory opened for the call.
-func (s *Store) publishIn(dirfd int, ns string, key []byte, final string, hdr, payload []byte) error {
-	if dirfd < 0 {
-		fd, err := openFile(final[:len(s.root)+1+len(ns)], unix.O_PATH|unix.O_DIRECTORY, 0)
+	nsDir := s.root + "/" + ns
+	owned := dirfd < 0
+	if owned {
+		fd, err := s.openNamespace(nsDir)
 		if err != nil {
 			return err
 		}
-		defer unix.Close(fd)
+		defer func() { unix.Close(dirfd) }()
 		dirfd = fd
 	}
-	return s.publish(dirfd, ns, key, final, hdr, payload)
-}
-
-// publish writes one temporary file beneath the namespace directory dirfd
-// and renames it onto final. It returns raw errnos so that Put can
-// recognise ENOENT.
-func (s *Store) publish(dirfd int, ns string, key []byte, final string, hdr, payload []byte) error {
-	bp := pathPool.Get().(*[]byte)
-	defer pathPool.Put(bp)
-	dirEnd := len(s.root) + 1 + len(ns) + 1
-	rel := final[dirEnd:]
-	var fd int
-	for attempt := 0; ; attempt++ {
-		*bp = append(s.layout.AppendTempPath((*bp)[:0], key, NewTempToken()), 0)
-		var err error
-		// O_EXCL never follows a symlink at the name itself; OpenBeneath
-		// refuses one on the way there.
-		fd, err = OpenBeneath(dirfd, *bp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, fileMode)
-		if err == nil {
-			break
-		}
-		// EEXIST: another host picked the same pid and token; try
-		// another token, a bounded number of times.
-		if err != unix.EEXIST || attempt == 3 {
-			return err
-		}
-	}
-	tmp := string((*bp)[:len(*bp)-1])
-	err := s.writeFile(fd, hdr, payload)
-	if cerr := unix.Close(fd); err == nil {
-		err = cerr // on NFS, close reports deferred write errors
-	}
-	if err == nil && s.hooks != nil && s.hooks.beforeRename != nil {
-		s.hooks.beforeRename(final[:dirEnd] + tmp)
-	}
-	if err == nil {
-		// The directories were checked by OpenBeneath just now; a link
-		// swapped in since then makes the rename fail, not escape, unless
-		// its target holds a file of this very temporary name.
-		err = ignoringEINTR(func() error { return unix.Renameat(dirfd, tmp, dirfd, rel) })
-	}
-	if err != nil {
-		_ = unix.Unlinkat(dirfd, tmp, 0) // best effort; Clean removes what is left
+	hdr := headerPool.Get().(*[HeaderSize]byte)
+	defer headerPool.Put(hdr)
+	p := programPool.Get().(*Program)
+	defer programPool.Put(p)
+	cfg := s.programConfig(ns, nsDir)
+	if err := p.Start(cfg, OpStore, key, payload, hdr[:], false); err != nil {
 		return err
 	}
-	if s.durability == DurabilityFull {
-		return syncDirAt(dirfd, rel[:max(strings.LastIndexByte(rel, '/'), 0)], final[:strings.LastIndexByte(final, '/')])
+	for {
+		p.execute(func(st *Step) int32 { return s.call(p, dirfd, st) })
+		if p.Judge() {
+			break
+		}
+		if p.Renew {
+			// A directory vanished; if it is the namespace directory,
+			// make it again, and work in the new one if the fd is ours.
+			p.Renew = false
+			fd, err := s.openNamespace(nsDir)
+			if err != nil {
+				return err
+			}
+			if owned {
+				unix.Close(dirfd)
+				dirfd = fd
+			} else {
+				unix.Close(fd)
+			}
+		}
+	}
+	if p.Status != StatusStored {
+		return p.Err
 	}
 	return nil
 }
 
-// writeFile writes the header and payload and syncs as Durability asks.
-func (s *Store) writeFile(fd int, hdr, payload []byte) error {
-	for _, p := range [2][]byte{hdr, payload} {
-		if s.hooks != nil && s.hooks.write != nil {
-			if err := s.hooks.write(p); err != nil {
-				return err
+// openNamespace opens the namespace directory nsDir beneath which Put
+// works, creating it (again, if it was removed) when it is not there.
+func (s *Store) openNamespace(nsDir string) (int, error) {
+	fd, err := openFile(nsDir, unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err == unix.ENOENT {
+		s.forget(nsDir)
+		if err := s.ensure(nsDir); err != nil {
+			return -1, err
+		}
+		fd, err = openFile(nsDir, unix.O_PATH|unix.O_DIRECTORY, 0)
+	}
+	if err != nil {
+		return -1, &fs.PathError{Op: "open", Path: nsDir, Err: err}
+	}
+	return fd, nil
+}
+
+// call is RunSync's system call with the test hooks in front of it.
+func (s *Store) call(p *Program, dirfd int, st *Step) int32 {
+	if h := s.hooks; h != nil {
+		switch {
+		case st.Op == StepWrite && h.write != nil:
+			if err := h.write(st.Buf); err != nil {
+				return -int32(err.(syscall.Errno))
 			}
-		}
-		if err := writeFull(fd, p); err != nil {
-			return err
+		case st.Op == StepRename && st.role == rolePublish && h.beforeRename != nil:
+			h.beforeRename(p.cfg.Dir + "/" + cString(st.Path))
 		}
 	}
-	if s.durability >= DurabilityData {
-		// fdatasync suffices: for a new file it also flushes the size,
-		// and the other metadata (times) is not needed to read it back.
-		return ignoringEINTR(func() error { return unix.Fdatasync(fd) })
+	return p.call(dirfd, st)
+}
+
+// cString returns the NUL-terminated string at b.
+func cString(b *byte) string {
+	n := 0
+	for *(*byte)(unsafe.Add(unsafe.Pointer(b), n)) != 0 {
+		n++
 	}
-	return nil
+	return string(unsafe.Slice(b, n))
+}
+
+// programConfig is the configuration of Put's and Get's programs in
+// namespace ns, whose directory is nsDir.
+func (s *Store) programConfig(ns, nsDir string) *Config {
+	return &Config{Layout: s.layout, Durability: s.durability, Dir: nsDir, Namespace: ns, Dirs: nsDirs{s, nsDir}}
+}
+
+// nsDirs is the Store's directory cache as a program's DirCache: the
+// programs name directories relative to the namespace directory.
+type nsDirs struct {
+	s     *Store
+	nsDir string
+}
+
+func (d nsDirs) abs(bp *[]byte, dir []byte) []byte {
+	*bp = append(append(append((*bp)[:0], d.nsDir...), '/'), dir...)
+	return *bp
+}
+
+func (d nsDirs) Known(dir []byte) bool {
+	bp := pathPool.Get().(*[]byte)
+	defer pathPool.Put(bp)
+	d.s.dirsMu.RLock()
+	defer d.s.dirsMu.RUnlock()
+	_, ok := d.s.dirs[string(d.abs(bp, dir))]
+	return ok
+}
+
+func (d nsDirs) Remember(dir []byte) {
+	bp := pathPool.Get().(*[]byte)
+	defer pathPool.Put(bp)
+	d.abs(bp, dir)
+	d.s.dirsMu.Lock()
+	defer d.s.dirsMu.Unlock()
+	if _, ok := d.s.dirs[string(*bp)]; !ok {
+		d.s.dirs[string(*bp)] = struct{}{}
+	}
+}
+
+func (d nsDirs) Forget(dir []byte) {
+	bp := pathPool.Get().(*[]byte)
+	defer pathPool.Put(bp)
+	d.s.forget(string(d.abs(bp, dir)))
 }
 
 // Get reads the payload of block key in namespace ns into buf and returns
@@ -161,40 +189,53 @@ func (s *Store) writeFile(fd int, hdr, payload []byte) error {
 // error for which errors.Is(err, fs.ErrNotExist) holds; a damaged one
 // wraps ErrCorrupt, and so does anything but a regular file at the block's
 // path, or a symlink on the way there from the namespace directory (which
-// Get does not follow). Either way the block is not there.
+// Get does not follow). Either way the block is not there. Get runs the
+// load program, as the tier's engines do, and never moves a file.
 func (s *Store) Get(ns string, key, buf []byte) (int, error) {
-	p, err := s.blockPath(ns, key)
+	path, err := s.blockPath(ns, key)
 	if err != nil {
 		return 0, err
 	}
-	n, err := s.get(p, len(s.root)+1+len(ns), key, buf)
+	nsDir := path[:len(s.root)+1+len(ns)]
+	dirfd, err := openFile(nsDir, unix.O_PATH|unix.O_DIRECTORY, 0)
 	if err != nil {
-		return 0, &fs.PathError{Op: "get", Path: p, Err: err}
-	}
-	return n, nil
-}
-
-// get reads the block file at path, whose first nsEnd bytes are its
-// namespace directory, opening it beneath that directory.
-func (s *Store) get(path string, nsEnd int, key, buf []byte) (int, error) {
-	dirfd, err := openFile(path[:nsEnd], unix.O_PATH|unix.O_DIRECTORY, 0)
-	if err != nil {
-		return 0, err
+		return 0, &fs.PathError{Op: "get", Path: path, Err: err}
 	}
 	defer unix.Close(dirfd)
-	bp := pathPool.Get().(*[]byte)
-	defer pathPool.Put(bp)
-	*bp = append(append((*bp)[:0], path[nsEnd+1:]...), 0)
-	fd, err := OpenBeneath(dirfd, *bp, blockOpenFlags, 0)
-	if err == unix.ELOOP {
-		return 0, errSymlink
+	// The program loads a block of one size: take the file's, so that any
+	// buffer large enough serves.
+	var st unix.Stat_t
+	switch err := ignoringEINTR(func() error { return unix.Fstatat(dirfd, path[len(nsDir)+1:], &st, unix.AT_SYMLINK_NOFOLLOW) }); err {
+	case nil:
+	case unix.ENOENT, unix.ENOTDIR:
+		return 0, &fs.PathError{Op: "get", Path: path, Err: unix.ENOENT}
+	default:
+		return 0, &fs.PathError{Op: "get", Path: path, Err: err}
 	}
-	if err != nil {
+	size := min(max(st.Size-HeaderSize, 0), int64(len(buf)))
+	hdr := headerPool.Get().(*[HeaderSize]byte)
+	defer headerPool.Put(hdr)
+	p := programPool.Get().(*Program)
+	defer programPool.Put(p)
+	if err := p.Start(s.programConfig(ns, nsDir), OpLoad, key, buf[:size], hdr[:], false); err != nil {
 		return 0, err
 	}
-	defer unix.Close(fd)
-	n, _, err := readFile(fd, key, buf, nil)
-	return n, err
+	for {
+		p.RunSync(dirfd)
+		if p.Judge() {
+			break
+		}
+	}
+	switch p.Status {
+	case StatusLoaded:
+		return int(size), nil
+	case StatusMissing:
+		return 0, &fs.PathError{Op: "get", Path: path, Err: unix.ENOENT}
+	}
+	if h, err := DecodeHeader(hdr[:]); err == nil && h.PayloadSize > int64(len(buf)) && st.Size == h.FileSize() {
+		return 0, &fs.PathError{Op: "get", Path: path, Err: fmt.Errorf("%w: buffer is %d bytes, payload is %d", ErrBufferSize, len(buf), h.PayloadSize)}
+	}
+	return 0, &fs.PathError{Op: "get", Path: path, Err: p.Err}
 }
 
 // blockOpenFlags open a block file for reading without following a
@@ -396,24 +437,6 @@ func openFile(path string, flags int, mode uint32) (int, error) {
 	}
 }
 
-// writeFull writes all of p, continuing after short writes.
-func writeFull(fd int, p []byte) error {
-	for len(p) > 0 {
-		n, err := unix.Write(fd, p)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		if n == 0 {
-			return unix.EIO // write(2) of a non-empty buffer returned 0: no progress possible
-		}
-		p = p[n:]
-	}
-	return nil
-}
-
 // preadFull reads into p at off until p is full or the file ends, and
 // returns how much it read; the caller compares that against what it needs.
 func preadFull(fd int, p []byte, off int64) (int, error) {
@@ -444,61 +467,8 @@ func ignoringEINTR(fn func() error) error {
 	}
 }
 
-// syncDirAt fsyncs the directory rel beneath dirfd ("" for dirfd itself),
-// making its entries durable; name is its path for errors.
-func syncDirAt(dirfd int, rel, name string) error {
-	if rel == "" {
-		rel = "."
-	}
-	fd, err := OpenBeneath(dirfd, append([]byte(rel), 0), unix.O_RDONLY|unix.O_DIRECTORY, 0)
-	if err != nil {
-		return &os.PathError{Op: "open", Path: name, Err: err}
-	}
-	defer unix.Close(fd)
-	if err := ignoringEINTR(func() error { return unix.Fsync(fd) }); err != nil {
-		return &os.PathError{Op: "fsync", Path: name, Err: err}
-	}
-	return nil
-}
-
 // noOpenat2 is set once openat2(2) has failed with ENOSYS (Linux < 5.6).
 var noOpenat2 atomic.Bool
-
-// OpenBeneath opens path, NUL-terminated and relative to the directory
-// dirfd, without leaving that directory and without following any symlink
-// on the way: openat2(2) with RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS, where a
-// symlink fails with ELOOP. Without openat2 (Linux before 5.6) it falls
-// back to openat(2) with O_NOFOLLOW, which refuses a symlink only as the
-// last component. O_CLOEXEC is added and EINTR retried; the error is a raw
-// errno. It does not allocate.
-func OpenBeneath(dirfd int, path []byte, flags int, mode uint32) (int, error) {
-	if len(path) == 0 || path[len(path)-1] != 0 {
-		panic("blockstore: OpenBeneath: path is not NUL-terminated")
-	}
-	how := unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC), Mode: uint64(mode), Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS}
-	for {
-		var fd uintptr
-		var errno syscall.Errno
-		if noOpenat2.Load() {
-			fd, _, errno = unix.Syscall6(unix.SYS_OPENAT, uintptr(dirfd), uintptr(unsafe.Pointer(&path[0])),
-				uintptr(flags|unix.O_CLOEXEC|unix.O_NOFOLLOW), uintptr(mode), 0, 0)
-		} else {
-			fd, _, errno = unix.Syscall6(unix.SYS_OPENAT2, uintptr(dirfd), uintptr(unsafe.Pointer(&path[0])),
-				uintptr(unsafe.Pointer(&how)), unsafe.Sizeof(how), 0, 0)
-			if errno == unix.ENOSYS {
-				noOpenat2.Store(true)
-				continue
-			}
-		}
-		switch errno {
-		case 0:
-			return int(fd), nil
-		case unix.EINTR:
-			continue
-		}
-		return -1, errno
-	}
-}
 
 // syncDir fsyncs the directory dir, making its entries durable.
 func syncDir(dir string) error {

@@ -28,11 +28,11 @@ import (
 // returned. A phase is one chain or several; its last step is LinkNone.
 //
 //	lookup: STATX (no symlink followed; a regular file is a block)
-//	load:   OPEN ─ READ past the block's end ═ READ header ═ READ payload ─ … ─ CLOSE
+//	load:   OPEN ─ READ past the block's end ═ READ header ─ READ payload ─ … ─ CLOSE
 //	        then for a short read: READ the rest ─ … ─ CLOSE; for an open or read that fails
 //	        oddly or a file shorter than a header: STATX (what is there?); for a corrupt
 //	        block: RENAME into quarantine
-//	store:  [MKDIR aa ═ OPEN aa ─ CLOSE ─ MKDIR aa/bb ═ …] OPEN tmp (O_CREAT|O_EXCL) ─ WRITE header
+//	store:  [MKDIR aa ═ OPEN aa ─ CLOSE ─ MKDIR aa/bb ═ OPEN aa/bb ─ CLOSE ─] OPEN tmp (O_CREAT|O_EXCL) ─ WRITE header
 //	        ─ WRITE payload ─ … [─ FSYNC] ─ CLOSE ─ RENAME tmp → block
 //	        then for a short write: WRITE the rest ─ … ─ CLOSE ─ RENAME; on failure: UNLINK tmp;
 //	        for DurabilityFull: OPEN dir ─ FSYNC ═ CLOSE for the block's directory (and its parents if created)
@@ -46,8 +46,8 @@ import (
 // directory without following any symlink, and loads open with O_NONBLOCK,
 // so a FIFO at a block path reads as empty instead of blocking; whatever
 // is not a regular file there is corrupt. MKDIR follows links on the way,
-// so before creating a directory below another, the store opens that one
-// without following links: a link there stops the chain.
+// so the store opens each directory it makes without following links: a
+// link there stops the chain before anything is made beneath it.
 
 // Op is what a Program does.
 type Op uint8
@@ -122,6 +122,7 @@ type Step struct {
 	Buf   []byte        // a read's or write's memory
 	Off   int64         // a read's or write's file offset
 	Res   int32         // the result: what the system call returned, or -errno
+	Data  bool          // an FSYNC of file data only (fdatasync): the file is new, its size is data
 	role  role
 	dir   uint16 // a MKDIR's or directory FSYNC's path: its offset in the program's dirs
 }
@@ -292,7 +293,9 @@ func (p *Program) lay() {
 		// the header read after it overwrites it.
 		s = p.add(StepRead, roleTail, LinkAlways)
 		s.Buf, s.Off = p.hdr, HeaderSize+int64(len(p.buf))
-		s = p.add(StepRead, roleHeader, LinkAlways)
+		// A short header read stops the chain, leaving the file open for
+		// the next phase to read on (or, at its end, to judge).
+		s = p.add(StepRead, roleHeader, LinkOnSuccess)
 		s.Buf = p.hdr
 		p.layLoadRest()
 	case p.Op == OpLoad && p.phase == phaseResume:
@@ -346,28 +349,28 @@ func (p *Program) layLoadRest() {
 func (p *Program) layStore() {
 	key, l := p.KeyBytes(), p.cfg.Layout
 	tmp := append(l.AppendTempPath(p.tmp[:0], key, NewTempToken()), 0)
-	dir := l.AppendDir(p.dirs[:0], key)
+	dir := l.AppendDir(p.qpath[:0], key) // qpath is a store's scratch: dirs is built from dir
 	if len(tmp) > len(p.tmp) || 2*len(dir)+2 > len(p.dirs) {
 		panic("blockstore: block path longer than PathMax") // Start checked the block's path
 	}
 	if len(dir) > 0 && !p.cfg.Dirs.Known(dir) {
-		// Each level of the directory: "aa\0aa/bb\0"; before each level
-		// but the first, the one above is opened without following links.
+		// Each level of the directory, "aa\0aa/bb\0", made and then opened
+		// without following links: MKDIR follows a link on the way, so a
+		// link (or a file) in place of a level stops the chain before
+		// anything is made beneath it.
 		p.DirHow = unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY, Resolve: ResolveBeneath}
-		d, parent := p.dirs[:0], -1
+		d := p.dirs[:0]
 		for k := range len(dir) {
 			if k < len(dir)-1 && dir[k+1] != '/' {
 				continue
 			}
-			if parent >= 0 {
-				s := p.add(StepOpen, roleDirCheck, LinkOnSuccess)
-				s.Path, s.How, s.dir = &p.dirs[parent], &p.DirHow, uint16(parent)
-				p.add(StepClose, roleClose, LinkOnSuccess)
-			}
-			parent = len(d)
+			start := len(d)
 			d = append(append(d, dir[:k+1]...), 0)
 			s := p.add(StepMkdir, roleMkdir, LinkAlways)
-			s.Path, s.dir = &d[parent], uint16(parent)
+			s.Path, s.dir = &d[start], uint16(start)
+			s = p.add(StepOpen, roleDirCheck, LinkOnSuccess)
+			s.Path, s.How, s.dir = &d[start], &p.DirHow, uint16(start)
+			p.add(StepClose, roleClose, LinkOnSuccess)
 		}
 	}
 	EncodeHeader(p.hdr, key, p.buf)
@@ -397,7 +400,7 @@ func (p *Program) layStoreRest() {
 		return // the next phase writes on
 	}
 	if p.cfg.Durability >= DurabilityData {
-		p.add(StepFsync, roleSync, LinkOnSuccess)
+		p.add(StepFsync, roleSync, LinkOnSuccess).Data = true
 	}
 	// Close before the rename: on NFS, close reports deferred write
 	// errors, and a store whose close failed must not publish.
@@ -552,9 +555,13 @@ func (p *Program) judgeLoad() bool {
 
 // odd reports whether a load's open or read failed in a way that may mean
 // no regular file is there: O_DIRECT refused (a directory, a device), a
-// directory read, a FIFO with a writer but no data.
+// directory read, a FIFO read at an offset or with a writer but no data.
 func odd(r int32) bool {
-	return r == -int32(unix.EINVAL) || r == -int32(unix.EISDIR) || r == -int32(unix.EAGAIN)
+	switch -r {
+	case int32(unix.EINVAL), int32(unix.EISDIR), int32(unix.EAGAIN), int32(unix.ESPIPE):
+		return true
+	}
+	return false
 }
 
 // checkType keeps a load's verdict while a STATX finds out whether a
@@ -582,14 +589,14 @@ func (p *Program) settleLoad() bool {
 }
 
 // judgeFile applies CheckBlock, the one validity rule, and says whether a
-// corrupt file should be moved aside: a valid block of another size is
-// someone else's, not damaged.
+// corrupt file should be moved aside: a block of another size, whole as
+// its header describes it, is someone else's, not damaged.
 func judgeFile(key, hdr, payload []byte, size int64, blockSize int) (Status, bool, error) {
 	err := CheckBlock(key, hdr, payload, size)
 	if err == nil && len(payload) == blockSize {
 		return StatusLoaded, false, nil
 	}
-	if h, herr := DecodeHeader(hdr); herr == nil && h.PayloadSize != int64(blockSize) {
+	if h, herr := DecodeHeader(hdr); herr == nil && h.PayloadSize != int64(blockSize) && size == h.FileSize() {
 		return StatusCorrupt, false, fmt.Errorf("%w: payload is %d bytes, the block size is %d", ErrCorrupt, h.PayloadSize, blockSize)
 	}
 	return StatusCorrupt, true, err

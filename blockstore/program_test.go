@@ -171,7 +171,7 @@ func TestProgramLoad(t *testing.T) {
 		require.Equal(t, StatusLoaded, p.Status, "%v", p.Err)
 		assert.Equal(t, payload, p.buf)
 		assert.Equal(t, [][]StepOp{{StepOpen, StepRead, StepRead, StepRead, StepClose}}, phases)
-		assert.Equal(t, []Link{LinkOnSuccess, LinkAlways, LinkAlways, LinkOnSuccess, LinkNone},
+		assert.Equal(t, []Link{LinkOnSuccess, LinkAlways, LinkOnSuccess, LinkOnSuccess, LinkNone},
 			[]Link{p.Steps[0].Link, p.Steps[1].Link, p.Steps[2].Link, p.Steps[3].Link, p.Steps[4].Link})
 	})
 	t.Run("missing", func(t *testing.T) {
@@ -268,8 +268,8 @@ func TestProgramStoreFailures(t *testing.T) {
 	key := testKey(3, 32)
 	payload := testPayload(key, 2*HeaderSize)
 	for _, d := range []Durability{DurabilityNone, DurabilityData, DurabilityFull} {
-		// new directories: MKDIR, OPEN+CLOSE (the check), MKDIR, OPEN tmp,
-		// WRITE, WRITE, [FSYNC,] CLOSE, RENAME
+		// new directories: MKDIR, OPEN+CLOSE (the check), MKDIR, OPEN+CLOSE,
+		// OPEN tmp, WRITE, WRITE, [FSYNC,] CLOSE, RENAME
 		var p Program
 		require.NoError(t, p.Start(testConfig(d), OpStore, key, payload, make([]byte, HeaderSize), false))
 		steps, tmpOpen := p.N, 0
@@ -360,7 +360,7 @@ func TestProgramStoreFailures(t *testing.T) {
 		f := &fakeFS{fail: map[int]int32{0: -int32(unix.ENOENT)}}
 		phases := f.run(t, &p)
 		require.Equal(t, StatusStored, p.Status, "%v", p.Err)
-		assert.Equal(t, []StepOp{StepMkdir, StepOpen, StepClose, StepMkdir, StepOpen, StepWrite, StepWrite, StepClose, StepRename}, phases[1])
+		assert.Equal(t, []StepOp{StepMkdir, StepOpen, StepClose, StepMkdir, StepOpen, StepClose, StepOpen, StepWrite, StepWrite, StepClose, StepRename}, phases[1])
 		assert.True(t, p.Renew, "the engine is told to look at its namespace directory")
 	})
 	t.Run("symlinked-directory", func(t *testing.T) {

@@ -59,10 +59,15 @@ func (p *Program) call1(dir int, s *Step) (uintptr, syscall.Errno) {
 	case StepOpen:
 		how := *s.How
 		how.Flags |= unix.O_CLOEXEC
-		r, _, e := unix.Syscall6(unix.SYS_OPENAT2, uintptr(dir), path, uintptr(unsafe.Pointer(&how)), unix.SizeofOpenHow, 0, 0)
+		var r uintptr
+		e := unix.ENOSYS
+		if !noOpenat2.Load() {
+			r, _, e = unix.Syscall6(unix.SYS_OPENAT2, uintptr(dir), path, uintptr(unsafe.Pointer(&how)), unix.SizeofOpenHow, 0, 0)
+		}
 		if e == unix.ENOSYS {
 			// Before Linux 5.6: no RESOLVE_*; at least the last component
 			// is not followed.
+			noOpenat2.Store(true)
 			r, _, e = unix.Syscall6(unix.SYS_OPENAT, uintptr(dir), path, uintptr(how.Flags|unix.O_NOFOLLOW), uintptr(how.Mode), 0, 0)
 		}
 		if e == 0 {
@@ -77,10 +82,10 @@ func (p *Program) call1(dir int, s *Step) (uintptr, syscall.Errno) {
 		n, err := unix.Pwrite(p.fd, s.Buf, s.Off)
 		return uintptr(n), errnoOf(err)
 	case StepFsync:
-		if s.role == roleDirSync {
-			return 0, errnoOf(unix.Fsync(p.fd))
+		if s.Data {
+			return 0, errnoOf(unix.Fdatasync(p.fd))
 		}
-		return 0, errnoOf(unix.Fdatasync(p.fd))
+		return 0, errnoOf(unix.Fsync(p.fd))
 	case StepClose:
 		if p.fd < 0 {
 			return 0, unix.EBADF

@@ -147,8 +147,8 @@ func TestCorruptFiles(t *testing.T) {
 	}{
 		{"truncated", func(p string) { require.NoError(t, os.Truncate(p, HeaderSize+9999)) }, "file is 14095 bytes"},
 		{"extended", func(p string) { require.NoError(t, os.Truncate(p, HeaderSize+10001)) }, "file is 14097 bytes"},
-		{"header-only", func(p string) { require.NoError(t, os.Truncate(p, 100)) }, "header is 100 bytes"},
-		{"empty", func(p string) { require.NoError(t, os.Truncate(p, 0)) }, "header is 0 bytes"},
+		{"header-only", func(p string) { require.NoError(t, os.Truncate(p, 100)) }, "file is 100 bytes, shorter than the 4096-byte header"},
+		{"empty", func(p string) { require.NoError(t, os.Truncate(p, 0)) }, "file is 0 bytes, shorter than the 4096-byte header"},
 		{"payload-byte", func(p string) { flipByte(t, p, HeaderSize+5000) }, "payload checksum"},
 		{"last-byte", func(p string) { flipByte(t, p, HeaderSize+9999) }, "payload checksum"},
 		{"header-byte", func(p string) { flipByte(t, p, offPayloadSize) }, "header checksum"},

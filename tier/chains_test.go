@@ -94,9 +94,9 @@ func TestBurstStoresIntoNewDirectories(t *testing.T) {
 // each engine load through the other, and lengthened or shortened files are
 // still caught.
 func TestBlocksSpanManyChunks(t *testing.T) {
-	old := rwMax
-	rwMax = 3 * blockstore.HeaderSize
-	t.Cleanup(func() { rwMax = old })
+	old := blockstore.RWMax
+	blockstore.RWMax = 3 * blockstore.HeaderSize
+	t.Cleanup(func() { blockstore.RWMax = old })
 	const size = 100 << 10
 	forEachEngine(t, func(t *testing.T, kind EngineKind) {
 		dir := t.TempDir()

@@ -1,10 +1,8 @@
 package tier
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -15,54 +13,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// What both engines share: judging what the kernel returned, and the
-// memory and directories around it.
-
-// loadOutcome judges a load by blockstore's one rule for a valid file:
-// hdr and payload hold what was read at offsets 0 and HeaderSize, size is
-// the file's length and blockSize the tier's. quarantine says whether the
-// file should be moved aside: a valid block of another size is someone
-// else's, not damaged.
-func loadOutcome(key, hdr, payload []byte, size int64, blockSize int) (st Status, quarantine bool, err error) {
-	err = blockstore.CheckBlock(key, hdr, payload, size)
-	if err == nil {
-		return StatusLoaded, false, nil
-	}
-	if h, herr := blockstore.DecodeHeader(hdr); herr == nil && h.PayloadSize != int64(blockSize) {
-		return StatusCorrupt, false, fmt.Errorf("%w: payload is %d bytes, the tier's block size is %d", blockstore.ErrCorrupt, h.PayloadSize, blockSize)
-	}
-	return StatusCorrupt, true, err
-}
-
-// pathError wraps errno for path rel under the namespace directory, once,
-// as package os does, so errors.Is(err, fs.ErrNotExist) works.
-func (t *Tier) pathError(op string, rel []byte, errno syscall.Errno) error {
-	rel = trimNUL(rel)
-	return &fs.PathError{Op: op, Path: filepath.Join(t.nsDir, string(rel)), Err: errno}
-}
-
-// trimNUL cuts b at its first NUL: the io_uring engine passes whole
-// fixed-size path buffers, whose tail holds NULs or an older, longer path.
-func trimNUL(b []byte) []byte {
-	if i := bytes.IndexByte(b, 0); i >= 0 {
-		return b[:i]
-	}
-	return b
-}
+// What both engines share: the filesystem's capabilities and the memory
+// and directories around their programs.
 
 func isCanceled(err error) bool {
 	return errors.Is(err, syscall.ECANCELED) || errors.Is(err, syscall.EINTR)
-}
-
-// quarantinePath returns where a corrupt block found by a load goes:
-// <root>/~quarantine/<namespace>.<hex>.<token>, NUL-terminated.
-func (t *Tier) quarantinePath(dst, key []byte) []byte {
-	dst = append(dst, t.qDir...)
-	dst = append(dst, '/')
-	dst = append(dst, t.opts.Namespace...)
-	dst = append(dst, '.')
-	dst = fmt.Appendf(dst, "%x.%d", key, blockstore.NewTempToken())
-	return append(dst, 0)
 }
 
 // probeDirect says whether loads can use O_DIRECT in dir, and if not why.
