@@ -3,6 +3,7 @@ package tier
 import (
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"time"
 	"unsafe"
@@ -37,7 +38,10 @@ type uringBackend struct {
 	t        *Tier
 	s        *shard
 	ring     *uring.Ring
-	waker    *uring.Waker
+	waker    *uring.Waker // without DEFER_TASKRUN: an armed READ that ends a wait in io_uring_enter
+	evfd     *os.File     // with DEFER_TASKRUN: the ring's registered eventfd, which the owner sleeps on in Go's netpoller
+	evfdN    int          // evfd's descriptor, for wake (File.Fd would make it blocking)
+	evbuf    [8]byte
 	ns       *nsDirFD // the namespace directory; replaced when it goes (nsdir.go)
 	direct   bool
 	rw       uint8                // SQE flags for opens, reads and writes: SQEAsync where the filesystem may block inline
@@ -107,6 +111,17 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	}
 	if b.ns, err = openNSDirFD(t); err != nil {
 		return nil, err
+	}
+	if f := b.ring.Flags(); f&uring.FlagDeferTaskrun != 0 && f&uring.FlagTaskrunFlag != 0 {
+		fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+		if err != nil {
+			return nil, fmt.Errorf("tier: eventfd: %w", err)
+		}
+		b.evfd, b.evfdN = os.NewFile(uintptr(fd), "uringtier-ring"), fd
+		if err = b.ring.RegisterEventfd(fd); err != nil {
+			return nil, fmt.Errorf("tier: %w", err)
+		}
+		return b, nil
 	}
 	if b.waker, err = uring.NewWaker(); err != nil {
 		return nil, fmt.Errorf("tier: %w", err)
@@ -282,7 +297,14 @@ func (b *uringBackend) cancelFrom(i int32, k int) {
 	}
 }
 
-func (b *uringBackend) wake() { b.waker.Wake() }
+func (b *uringBackend) wake() {
+	if b.evfd == nil {
+		b.waker.Wake()
+		return
+	}
+	one := [8]byte{1}
+	unix.Write(b.evfdN, one[:]) // EAGAIN: the counter is full, the owner wakes anyway
+}
 
 // reap copies out completions and handles them: a finished op goes to
 // doneQ, one with another phase to next. It prepares no SQE.
@@ -346,16 +368,29 @@ func (b *uringBackend) evaluate(i int32) {
 }
 
 // wait submits what is queued and collects finished ops, blocking for at
-// most d when nothing has finished. One io_uring_enter does the submit, the
-// deferred task work and the wait; SQEs that the reaped completions queue
-// go with the next one.
+// most d when nothing has finished. With DEFER_TASKRUN the owner sleeps on
+// the ring's eventfd in Go's netpoller, where it holds no P: with a ring
+// per CPU, callers' goroutines still have every CPU (an owner asleep in
+// io_uring_enter held its P, and a caller it woke waited for sysmon). The
+// eventfd announces completions, deferred task work (which the submit
+// after it runs) and wake. Otherwise one io_uring_enter submits, runs task
+// work and waits. SQEs that the reaped completions queue go with the next
+// wait.
 func (b *uringBackend) wait(d time.Duration, done []int32) []int32 {
-	if len(b.doneQ) == 0 && b.ring.Ready() == 0 {
+	switch {
+	case len(b.doneQ) > 0 || b.ring.Ready() > 0:
+		b.submit()
+	case b.evfd != nil:
+		b.submit()
+		if b.ring.Ready() == 0 && !b.ring.NeedsEnter() {
+			b.evfd.SetReadDeadline(time.Now().Add(max(d, time.Microsecond)))
+			b.evfd.Read(b.evbuf[:]) // a deadline passing is no error; what woke it is in the ring
+			b.submit()
+		}
+	default:
 		if _, err := b.ring.SubmitAndWait(1, max(d, time.Microsecond)); err != nil && !errors.Is(err, uring.ErrRetry) {
 			panic("tier: io_uring wait: " + err.Error())
 		}
-	} else {
-		b.submit()
 	}
 	b.reap()
 	b.prepareNext()
@@ -400,6 +435,9 @@ func (b *uringBackend) close() {
 	}
 	if b.waker != nil {
 		b.waker.Close()
+	}
+	if b.evfd != nil {
+		b.evfd.Close()
 	}
 	if b.hdrs != nil {
 		uring.FreeBuffer(b.hdrs)

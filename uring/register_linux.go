@@ -82,3 +82,23 @@ func (r *Ring) SetIOWQMaxWorkers(bounded, unbounded uint32) (prevBounded, prevUn
 	}
 	return vals[0], vals[1], nil
 }
+
+// RegisterEventfd makes the kernel signal the eventfd fd whenever it posts
+// completions and, on a DEFER_TASKRUN ring, whenever it queues deferred
+// task work that an io_uring_enter with GETEVENTS must run
+// (IORING_REGISTER_EVENTFD, io_uring_register(2)). An owner can then sleep
+// on fd in an event loop instead of inside io_uring_enter. Closing the
+// ring drops the registration.
+func (r *Ring) RegisterEventfd(fd int) error {
+	fd32 := int32(fd)
+	if err := r.register(registerEventfd, unsafe.Pointer(&fd32), 1); err != nil {
+		return fmt.Errorf("uring: IORING_REGISTER_EVENTFD: %w", err)
+	}
+	return nil
+}
+
+// NeedsEnter reports whether completions wait in the kernel rather than
+// in the CQ: overflowed CQEs, or deferred task work that only an
+// io_uring_enter with GETEVENTS (Submit, or Reap on an empty CQ) runs. It
+// needs IORING_SETUP_TASKRUN_FLAG to see task work.
+func (r *Ring) NeedsEnter() bool { return r.needsEnterForCQ() }

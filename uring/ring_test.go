@@ -647,3 +647,46 @@ func TestOpenat2Resolve(t *testing.T) {
 	require.NoError(t, c.Err())
 	require.Equal(t, int32(0), c.Res)
 }
+
+// TestEventfdAnnouncesDeferredWork checks what the tier's owners rely on to
+// sleep outside io_uring_enter: on a DEFER_TASKRUN ring, a registered
+// eventfd becomes readable when a completion waits as deferred task work,
+// which the next Submit runs (NeedsEnter says so), and then Reap returns it.
+func TestEventfdAnnouncesDeferredWork(t *testing.T) {
+	r := newRing(t, 8, Options{})
+	if r.Flags()&FlagDeferTaskrun == 0 || r.Flags()&FlagTaskrunFlag == 0 {
+		t.Skipf("the ring has no DEFER_TASKRUN|TASKRUN_FLAG (flags %v)", r.Flags())
+	}
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	require.NoError(t, err)
+	defer unix.Close(efd)
+	require.NoError(t, r.RegisterEventfd(efd))
+
+	var p [2]int
+	require.NoError(t, unix.Pipe2(p[:], unix.O_CLOEXEC))
+	defer unix.Close(p[0])
+	defer unix.Close(p[1])
+	buf := make([]byte, 8)
+	s := getSQE(t, r)
+	s.PrepareRead(p[0], buf, 0)
+	s.UserData = 1
+	_, err = r.Submit()
+	require.NoError(t, err)
+	var ev [8]byte
+	unix.Read(efd, ev[:]) // whatever the submit announced
+	require.Zero(t, r.Ready(), "the read completed before the pipe had data")
+
+	_, err = unix.Write(p[1], []byte("hi"))
+	require.NoError(t, err)
+	fds := []unix.PollFd{{Fd: int32(efd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 5000)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "the eventfd did not announce the completion")
+	require.True(t, r.NeedsEnter(), "deferred task work is pending")
+	_, err = r.Submit()
+	require.NoError(t, err)
+	cqes := make([]CQE, 4)
+	require.Equal(t, 1, r.Reap(cqes))
+	assert.Equal(t, uint64(1), cqes[0].UserData)
+	assert.Equal(t, int32(2), cqes[0].Res)
+}
