@@ -150,9 +150,11 @@ const (
 
 // Limits of a program.
 const (
-	StepsMax  = 16 // steps in one phase
-	ChunksMax = 4  // payload reads or writes in one phase
-	PathMax   = 256
+	StepsMax  = 16  // steps in one phase
+	ChunksMax = 4   // payload reads or writes in one phase
+	PathMax   = 256 // a path beneath the namespace directory, with its NUL
+
+	quarantinePathMax = 1024 // an absolute quarantine path, with its NUL
 )
 
 // RWMax is the most bytes one read or write asks for: the kernel moves at
@@ -224,7 +226,7 @@ type Program struct {
 	path     [PathMax]byte // the block, NUL-terminated
 	tmp      [PathMax]byte // a store's temporary file
 	dirs     [PathMax]byte // directories to create or sync, each NUL-terminated
-	qpath    [PathMax + 64]byte
+	qpath    [quarantinePathMax]byte
 }
 
 // Config is what every program of one namespace shares. Immutable once
@@ -239,8 +241,34 @@ type Config struct {
 	LookupByOpen bool     // lookups open the path with O_PATH (and close it) instead of statx
 }
 
-// Key returns the program's key.
+// KeyBytes returns the program's key.
 func (p *Program) KeyBytes() []byte { return p.Key[:p.KeyLen] }
+
+// Check reports whether programs of this configuration stay within their
+// limits for every key: each phase within StepsMax steps, each path within
+// PathMax bytes. A caller checks once, before the first Start, so that no
+// limit is met while a program runs.
+func (c *Config) Check() error {
+	key := bytes.Repeat([]byte{0xff}, KeySizeMax)
+	path := c.Layout.AppendPath(nil, key)
+	tmp := c.Layout.AppendTempPath(nil, key, ^uint64(0))
+	dir := c.Layout.AppendDir(nil, key)
+	levels := 0
+	if len(dir) > 0 {
+		levels = 1 + bytes.Count(dir, []byte{'/'})
+	}
+	store := 3*levels + 5 + ChunksMax // MKDIR+OPEN+CLOSE a level; OPEN, header WRITE, FSYNC, CLOSE, RENAME
+	quarantine := len(c.Quarantine) + 1 + len(c.Namespace) + 1 + 2*KeySizeMax + 1 + 20
+	switch {
+	case len(path) >= PathMax || len(tmp) >= PathMax || 2*len(dir)+2 > PathMax:
+		return fmt.Errorf("%w: the layout's paths take up to %d bytes, more than %d", ErrInvalidOptions, max(len(path), len(tmp), 2*len(dir)+2), PathMax-1)
+	case store > StepsMax || 3*(levels+1) > StepsMax:
+		return fmt.Errorf("%w: the layout's %d directory levels need %d steps in a phase, more than %d", ErrInvalidOptions, levels, store, StepsMax)
+	case c.Quarantine != "" && quarantine >= quarantinePathMax:
+		return fmt.Errorf("%w: quarantine paths of %d bytes, more than %d", ErrInvalidOptions, quarantine, quarantinePathMax-1)
+	}
+	return nil
+}
 
 // Start lays out the first phase of op on key. buf is the payload of a
 // load or store (the caller's memory, kept until the program is decided);
@@ -580,10 +608,7 @@ func (p *Program) settleLoad() bool {
 		return p.decide(p.Status, p.Err)
 	}
 	q := fmt.Appendf(append(append(append(p.qpath[:0], p.cfg.Quarantine...), '/'), p.cfg.Namespace...), ".%x.%d", p.KeyBytes(), NewTempToken())
-	if len(q) >= len(p.qpath) {
-		return p.decide(p.Status, p.Err) // no room for the name: leave the file in place
-	}
-	p.qpath[len(q)] = 0
+	p.qpath[len(q)] = 0 // Config.Check made room
 	p.next(phaseQuarantine)
 	return false
 }

@@ -385,3 +385,23 @@ func TestProgramStoreFailures(t *testing.T) {
 		assert.Equal(t, 9, len(phases[1]), "the block's directory, its parent and the namespace directory")
 	})
 }
+
+// deepLayout nests blocks ten directories deep: a store's phase would need
+// more steps than a program has.
+type deepLayout struct{ FanoutLayout }
+
+func (deepLayout) AppendDir(dst, key []byte) []byte {
+	return append(dst, "a/b/c/d/e/f/g/h/i/j"...)
+}
+
+func TestConfigCheck(t *testing.T) {
+	require.NoError(t, testConfig(DurabilityFull).Check())
+	cfg := testConfig(DurabilityNone)
+	cfg.Layout = deepLayout{}
+	err := cfg.Check()
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	assert.Contains(t, err.Error(), "10 directory levels")
+	cfg = testConfig(DurabilityNone)
+	cfg.Quarantine = "/" + strings.Repeat("q", 900)
+	require.ErrorIs(t, cfg.Check(), ErrInvalidOptions)
+}

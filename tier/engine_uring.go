@@ -26,8 +26,9 @@ import (
 // a completion only records it: SQEs are prepared after the batch of
 // completions is handled, never while reaping, so reaping never re-enters
 // itself. A completion names an op in use, a step of its current phase,
-// and a phase with results pending; anything else panics, as a corrupted
-// ring would.
+// and a phase with results pending. A violated invariant or an error of
+// the ring itself fails the tier (ErrBroken to every key and submit), never
+// the process embedding it.
 
 const (
 	wakeUD   = ^uint64(0)
@@ -57,7 +58,12 @@ type uringBackend struct {
 	rearm    bool    // the waker fired: arm it again
 	cfg      blockstore.Config
 	cfgOpen  blockstore.Config // lookups by O_PATH open (LookupOpenPath, half of LookupMixed)
+	broken   error             // the ring failed: ops fail with this, nothing more goes to the kernel
 }
+
+// ringFault, when set (by tests), is asked before each submission and may
+// return the error the kernel is to be taken to have returned.
+var ringFault func() error
 
 var _ backend = (*uringBackend)(nil)
 
@@ -144,7 +150,7 @@ func (b *uringBackend) sqe() *uring.SQE {
 // reserve makes room for a whole phase (StepsMax SQEs) before it is
 // prepared, so that its chain goes to the kernel in one submission.
 func (b *uringBackend) reserve() {
-	for b.ring.SQSpace() < blockstore.StepsMax {
+	for b.broken == nil && b.ring.SQSpace() < blockstore.StepsMax {
 		b.submit()
 	}
 }
@@ -153,16 +159,48 @@ func (b *uringBackend) reserve() {
 // reaps completions first; handling them prepares nothing, so this is safe
 // wherever SQEs are prepared.
 func (b *uringBackend) submit() {
-	for {
-		_, err := b.ring.Submit()
+	for b.broken == nil {
+		var err error
+		if ringFault != nil {
+			err = ringFault()
+		}
+		if err == nil {
+			_, err = b.ring.Submit()
+		}
 		if err == nil {
 			return
 		}
 		if !errors.Is(err, uring.ErrRetry) {
-			panic("tier: io_uring submit: " + err.Error()) // a broken ring: nothing sane to do
+			b.fail(fmt.Errorf("io_uring_enter: %w", err))
+			return
 		}
 		b.reap()
 	}
+}
+
+// fail gives up on the ring after an error it cannot recover from: every
+// op not yet decided ends StatusFailed with ErrBroken and the cause, later
+// ops fail at once, and the tier says so. Memory the kernel may still use
+// is never freed.
+func (b *uringBackend) fail(err error) {
+	if b.broken != nil {
+		return
+	}
+	b.broken = fmt.Errorf("%w: %w", ErrBroken, err)
+	b.t.broke(b.broken)
+	b.doneQ = b.doneQ[:0]
+	for i := range b.s.ops {
+		o := &b.s.ops[i]
+		if !o.inUse {
+			continue
+		}
+		if o.status == StatusPending {
+			o.status, o.err = StatusFailed, b.broken
+		}
+		b.doneQ = append(b.doneQ, int32(i))
+	}
+	b.next, b.recancel, b.rearm = b.next[:0], b.recancel[:0], false
+	clear(b.pending)
 }
 
 // ud is the user_data of op i's step.
@@ -207,6 +245,11 @@ func (b *uringBackend) start(i int32, o *op) {
 		cfg = &b.cfgOpen
 	}
 	p := &b.progs[i]
+	if b.broken != nil {
+		o.status, o.err = StatusFailed, b.broken
+		b.doneQ = append(b.doneQ, i)
+		return
+	}
 	if err := p.Start(cfg, programOp[o.kind], o.keyBytes(), o.buf, b.hdr(i), b.direct && aligned(o.buf)); err != nil {
 		o.status, o.err = StatusFailed, err
 		b.doneQ = append(b.doneQ, i)
@@ -220,12 +263,16 @@ func (b *uringBackend) start(i int32, o *op) {
 // submission's worth of linked SQEs.
 func (b *uringBackend) prepare(i int32) {
 	b.reserve()
+	if b.broken != nil {
+		return // fail has decided the op
+	}
 	p, dir, slot := &b.progs[i], b.dirFD[i], uint32(i)
 	for k := range p.N {
 		st := &p.Steps[k]
 		s := b.ring.GetSQE()
 		if s == nil {
-			panic("tier: SQ full inside a reserved phase")
+			b.fail(fmt.Errorf("SQ full inside a reserved phase (op %d, step %d)", i, k))
+			return
 		}
 		switch st.Op {
 		case blockstore.StepStatx:
@@ -285,6 +332,9 @@ func (b *uringBackend) prepareRW(s *uring.SQE, st *blockstore.Step, slot uint32)
 
 func (b *uringBackend) cancel(i int32, o *op) {
 	b.progs[i].Canceled = true
+	if b.broken != nil {
+		return
+	}
 	b.cancelFrom(i, 0)
 }
 
@@ -331,8 +381,12 @@ func (b *uringBackend) handle(c uring.CQE) {
 		return
 	}
 	i, step := int32(c.UserData>>8), int(c.UserData&0xff)
+	if b.broken != nil {
+		return
+	}
 	if int(i) >= len(b.progs) || step >= b.progs[i].N || b.pending[i] == 0 || !b.s.ops[i].inUse {
-		panic(fmt.Sprintf("tier: completion for op %d step %d, not a step in flight", i, step))
+		b.fail(fmt.Errorf("completion for op %d step %d, not a step in flight", i, step))
+		return
 	}
 	p := &b.progs[i]
 	p.Steps[step].Res = c.Res
@@ -378,25 +432,41 @@ func (b *uringBackend) evaluate(i int32) {
 // wait.
 func (b *uringBackend) wait(d time.Duration, done []int32) []int32 {
 	switch {
+	case b.broken != nil:
+		if len(b.doneQ) == 0 {
+			b.idle(d)
+		}
 	case len(b.doneQ) > 0 || b.ring.Ready() > 0:
 		b.submit()
 	case b.evfd != nil:
 		b.submit()
-		if b.ring.Ready() == 0 && !b.ring.NeedsEnter() {
-			b.evfd.SetReadDeadline(time.Now().Add(max(d, time.Microsecond)))
-			b.evfd.Read(b.evbuf[:]) // a deadline passing is no error; what woke it is in the ring
+		if b.broken == nil && b.ring.Ready() == 0 && !b.ring.NeedsEnter() {
+			b.idle(d)
 			b.submit()
 		}
 	default:
 		if _, err := b.ring.SubmitAndWait(1, max(d, time.Microsecond)); err != nil && !errors.Is(err, uring.ErrRetry) {
-			panic("tier: io_uring wait: " + err.Error())
+			b.fail(fmt.Errorf("io_uring_enter: %w", err))
 		}
 	}
-	b.reap()
-	b.prepareNext()
+	if b.broken == nil {
+		b.reap()
+		b.prepareNext()
+	}
 	done = append(done, b.doneQ...)
 	b.doneQ = b.doneQ[:0]
 	return done
+}
+
+// idle sleeps for at most d or until woken: on the ring's eventfd, or, on
+// a broken ring without one, for up to 10 ms at a time.
+func (b *uringBackend) idle(d time.Duration) {
+	if b.evfd == nil {
+		time.Sleep(min(d, 10*time.Millisecond))
+		return
+	}
+	b.evfd.SetReadDeadline(time.Now().Add(max(d, time.Microsecond)))
+	b.evfd.Read(b.evbuf[:]) // a deadline passing is no error; what woke it is in the ring
 }
 
 // prepareNext prepares what the handled completions asked for: next
@@ -430,6 +500,15 @@ func (b *uringBackend) prepareNext() {
 // close releases the ring and everything the kernel could reference. The
 // shard calls it only once no op is in flight.
 func (b *uringBackend) close() {
+	if b.broken != nil {
+		// The kernel may still write into the programs and buffers of
+		// the ops it had: keep them, and close only the descriptors.
+		b.ring.Close()
+		if b.evfd != nil {
+			b.evfd.Close()
+		}
+		return
+	}
 	if b.ring != nil {
 		b.ring.Close()
 	}

@@ -26,4 +26,8 @@ var (
 	// ErrStuck is wrapped by Close's error when operations are still held
 	// by the filesystem at the context's deadline.
 	ErrStuck = errors.New("tier: operations stuck in the filesystem")
+	// ErrBroken is wrapped by every error of a tier whose engine failed
+	// (an io_uring instance the kernel stopped accepting): keys in flight
+	// and later submits get it, with the cause. Reopen the tier.
+	ErrBroken = errors.New("tier: engine broken")
 )

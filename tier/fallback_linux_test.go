@@ -56,6 +56,7 @@ var notInConformanceSuite = map[string]string{
 	"TestEngineEnvOverridesAuto":    "it asks for io_uring through URINGTIER_ENGINE=uring, which must fail without it; linux_test.TestNoIOURing checks that failure",
 	"TestConformanceWithoutIOURing": "it is the test that runs the suite in the child",
 	"TestConformanceSuiteComplete":  "it checks the list, not the tier",
+	"TestBrokenRingFailsTheTier":    "it injects a fault into the io_uring engine's ring",
 	"TestHugeBlock":                 "it moves 2 GiB through each engine; the sync engine it would run in the child is the same code as here",
 }
 

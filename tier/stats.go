@@ -79,7 +79,7 @@ func (s *Stats) LatencyQuantile(op Op, q float64) time.Duration {
 
 // Stats returns the tier's counters.
 func (t *Tier) Stats() Stats {
-	s := Stats{Engine: t.engine}
+	s := Stats{Engine: t.Engine()}
 	c := &t.stats
 	for o := range opKinds {
 		s.Requests[o] = c.requests[o].Load()

@@ -44,9 +44,10 @@ type Tier struct {
 	closeErr error            // Close's result, for a second Close
 	closeCh  chan struct{}    // closed when the first Close has finished
 
-	stats      statsCounters // atomic; see stats.go
-	cacheEpoch atomic.Uint64 // bumped to empty every shard's lookup cache
-	draining   atomic.Int32  // Close, and owners still waiting for the kernel after it: the last frees the buffers
+	stats      statsCounters         // atomic; see stats.go
+	cacheEpoch atomic.Uint64         // bumped to empty every shard's lookup cache
+	draining   atomic.Int32          // Close, and owners still waiting for the kernel after it: the last frees the buffers
+	broken     atomic.Pointer[error] // set once when an engine fails (ErrBroken): submits return it
 }
 
 type doneEntry struct {
@@ -63,6 +64,9 @@ type EngineInfo struct {
 	Direct   bool       // loads use O_DIRECT
 	NoDirect string     // why not, when Direct is false
 	FS       string     // the filesystem under the namespace directory
+	// Broken says why the engine failed, once it has (ErrBroken); empty
+	// while it works.
+	Broken string
 	// Inline says whether the io_uring engine lets the kernel answer
 	// reads and writes in the owner's thread when it can do so without
 	// blocking; false on filesystems that may block anyway (FUSE, NFS,
@@ -158,6 +162,10 @@ func Open(dir string, opts Options) (*Tier, error) {
 func (t *Tier) startEngine() error {
 	// Before anything is allocated, so that refusing EngineURing leaves
 	// nothing to release.
+	cfg := t.programConfig(nil)
+	if err := cfg.Check(); err != nil {
+		return fmt.Errorf("tier: %w: %w", ErrInvalidOptions, err)
+	}
 	kind := t.opts.Engine
 	if kind != EngineSync {
 		if err := uring.Available(); err == nil {
@@ -211,7 +219,13 @@ func (t *Tier) startEngine() error {
 }
 
 // Engine says which engine is in use and, for a fallback, why.
-func (t *Tier) Engine() EngineInfo { return t.engine }
+func (t *Tier) Engine() EngineInfo {
+	e := t.engine
+	if err := t.broken.Load(); err != nil {
+		e.Broken = (*err).Error()
+	}
+	return e
+}
 
 // BlockStore returns the synchronous block store under the tier, for
 // maintenance (scan, verify, clean, usage, evict).
@@ -257,6 +271,9 @@ func (t *Tier) submit(id uint64, op Op, prefixOnly bool, keys [][]byte, bufs [][
 	// that is invalid besides.
 	if t.closed.Load() {
 		return ErrClosed
+	}
+	if err := t.broken.Load(); err != nil {
+		return *err
 	}
 	if err := t.validate(op, keys, bufs); err != nil {
 		return err
@@ -373,6 +390,9 @@ func (t *Tier) settle(r *request) {
 		t.publish(r)
 	}
 }
+
+// broke records that an engine failed; later submits return err.
+func (t *Tier) broke(err error) { t.broken.CompareAndSwap(nil, &err) }
 
 // drained lets go of one reference in draining; the last frees the
 // buffers, which no kernel operation can use any more.
