@@ -2,12 +2,15 @@ package tier
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/uringtier/uringtier/uring"
 )
 
 // TestBrokenRingFailsTheTier makes the kernel refuse a submission with an
@@ -47,4 +50,68 @@ func TestBrokenRingFailsTheTier(t *testing.T) {
 	assert.Contains(t, tr.Engine().Broken, "engine broken")
 	assert.Contains(t, tr.Stats().Engine.Broken, "file descriptor in bad state")
 	require.NoError(t, tr.Close(context.Background()))
+}
+
+// TestReapUnderPressure runs a flood of lookups, loads and stores through
+// one ring whose queues hold 32 entries each, with 256 ops, so that the SQ
+// fills while phases are prepared, and makes every other submission fail
+// as the kernel does when it wants completions reaped first (EBUSY; this
+// kernel keeps overflowed completions instead, so the refusal is
+// injected). Reaping inside a submit used to re-enter the reap loop and
+// could handle a completion twice or lose one. Every key must get exactly
+// one result (await fails on a second), and the right one.
+func TestReapUnderPressure(t *testing.T) {
+	ringSize = 32
+	var calls atomic.Int64
+	ringFault = func() error {
+		if calls.Add(1)%2 == 0 {
+			return fmt.Errorf("injected: %w", uring.ErrRetry)
+		}
+		return nil
+	}
+	t.Cleanup(func() { ringSize, ringFault = 0, nil })
+	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.Rings, o.OpsMax = 1, 256 })
+	const n = 512
+	present := make([]int, 0, n/2)
+	for i := 0; i < n; i += 2 {
+		present = append(present, i)
+	}
+	put(t, tr, present...)
+	var want []uint64
+	for r := range 8 {
+		keys := make([][]byte, n)
+		for i := range keys {
+			keys[i] = testKey(i)
+		}
+		require.NoError(t, tr.Lookup(uint64(100+r), keys))
+		want = append(want, uint64(100+r))
+	}
+	loadKeys, loadBufs := testKeys(), [][]byte{}
+	for _, i := range present[:64] {
+		loadKeys, loadBufs = append(loadKeys, testKey(i)), append(loadBufs, make([]byte, testBlockSize))
+	}
+	require.NoError(t, tr.Load(200, loadKeys, loadBufs))
+	storeKeys, storeBufs := testKeys(), [][]byte{}
+	for i := n; i < n+64; i++ {
+		storeKeys, storeBufs = append(storeKeys, testKey(i)), append(storeBufs, testPayload(i))
+	}
+	require.NoError(t, tr.Store(300, storeKeys, storeBufs))
+	got := await(t, tr, append(want, 200, 300)...)
+	for _, id := range want {
+		for i, k := range got[id].Keys {
+			wantSt := StatusMissing
+			if i%2 == 0 {
+				wantSt = StatusFound
+			}
+			require.Equal(t, wantSt, k.Status, "request %d key %d: %v", id, i, k.Err)
+		}
+	}
+	for i, k := range got[200].Keys {
+		require.Equal(t, StatusLoaded, k.Status, "load %d: %v", i, k.Err)
+		require.Equal(t, testPayload(present[i]), loadBufs[i])
+	}
+	for i, k := range got[300].Keys {
+		require.Equal(t, StatusStored, k.Status, "store %d: %v", i, k.Err)
+	}
+	require.Positive(t, tr.Stats().SubmitRetries, "no submission was refused")
 }

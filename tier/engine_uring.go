@@ -65,6 +65,10 @@ type uringBackend struct {
 // return the error the kernel is to be taken to have returned.
 var ringFault func() error
 
+// ringSize, when set (by tests), is the size of both queues of each ring,
+// so that a test can fill them.
+var ringSize uint32
+
 var _ backend = (*uringBackend)(nil)
 
 // runURing is an io_uring shard's owner goroutine.
@@ -100,7 +104,11 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 			b.close()
 		}
 	}()
-	if b.ring, err = uring.New(entries, uring.Options{CQEntries: 8 * entries}); err != nil {
+	cq := 8 * entries
+	if ringSize > 0 {
+		entries, cq = ringSize, ringSize
+	}
+	if b.ring, err = uring.New(entries, uring.Options{CQEntries: cq}); err != nil {
 		return nil, fmt.Errorf("tier: %w", err)
 	}
 	if _, _, err = b.ring.SetIOWQMaxWorkers(uint32(t.opts.WorkersMax), uint32(t.opts.WorkersMax)); err != nil {
@@ -174,6 +182,7 @@ func (b *uringBackend) submit() {
 			b.fail(fmt.Errorf("io_uring_enter: %w", err))
 			return
 		}
+		b.t.stats.retries.Add(1)
 		b.reap()
 	}
 }

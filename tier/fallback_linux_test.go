@@ -57,6 +57,7 @@ var notInConformanceSuite = map[string]string{
 	"TestConformanceWithoutIOURing": "it is the test that runs the suite in the child",
 	"TestConformanceSuiteComplete":  "it checks the list, not the tier",
 	"TestBrokenRingFailsTheTier":    "it injects a fault into the io_uring engine's ring",
+	"TestReapUnderPressure":         "it shrinks the io_uring engine's queues",
 	"TestHugeBlock":                 "it moves 2 GiB through each engine; the sync engine it would run in the child is the same code as here",
 }
 

@@ -25,6 +25,7 @@ type statsCounters struct {
 	late         atomic.Uint64
 	breakerTrips atomic.Uint64
 	held         atomic.Int64
+	retries      atomic.Uint64
 }
 
 func (c *statsCounters) observe(o Op, d time.Duration) {
@@ -54,6 +55,9 @@ type Stats struct {
 	Held         int    // caller buffers the kernel still holds
 	BreakerOpen  bool   // new keys fail fast (ErrBreakerOpen) but for one probe
 	BreakerTrips uint64 // times the breaker opened
+	// SubmitRetries counts submissions the kernel refused until
+	// completions were reaped (EBUSY, EAGAIN: a full completion queue).
+	SubmitRetries uint64
 }
 
 // LatencyQuantile returns an upper bound of quantile q (0..1) of op's
@@ -93,6 +97,7 @@ func (t *Tier) Stats() Stats {
 	}
 	s.Busy, s.CacheHits, s.Shared = c.busy.Load(), c.cacheHits.Load(), c.shared.Load()
 	s.Late, s.BreakerTrips, s.Held = c.late.Load(), c.breakerTrips.Load(), int(c.held.Load())
+	s.SubmitRetries = c.retries.Load()
 	for _, sh := range t.shards {
 		s.InFlight += int(sh.inFlight.Load())
 		s.Queued += int(sh.queued.Load())
