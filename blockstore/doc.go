@@ -2,11 +2,11 @@
 // blocks) as one file each, and defines everything about a block on disk
 // that does not depend on how its IO is issued: keys and namespaces, the
 // directory layout, the file format, the publish protocol, synchronous
-// reference operations and maintenance. It uses plain syscalls; the tier
-// package drives the same format and layout through io_uring, issuing its
-// own OPENAT/READ/WRITE/RENAMEAT with the pure, allocation-free pieces
-// exported here (HeaderSize, ValidateKey, ValidateNamespace, EncodeHeader,
-// DecodeHeader, CheckBlock, Layout, NewTempToken, Store.EnsureDir).
+// reference operations and maintenance. What a lookup, load or store does
+// on disk is written once, as data: a Program lays out each phase's system
+// calls (Steps, linked as io_uring links them) and judges their results.
+// Put and Get run programs with plain system calls (Program.RunSync); the
+// tier package runs the same programs through io_uring, one SQE per step.
 //
 // # Keys and namespaces
 //
@@ -68,7 +68,8 @@
 // any symlink (openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS; OpenBeneath),
 // so a link planted in place of a fan-out directory of a shared tree
 // cannot make Put write elsewhere. Put then syncs as the Durability asks,
-// and renames the file onto <hex>.blk. rename(2) is atomic, so readers see
+// closes it (on NFS, close reports deferred write errors) and renames it
+// onto <hex>.blk; each step runs only if every one before it succeeded. rename(2) is atomic, so readers see
 // no block or a whole block, never a partial one. Concurrent writers of one key are safe: blocks are
 // content-addressed, so whichever rename lands last leaves the same
 // content. If any step fails (ENOSPC, EIO, ...), Put removes its temporary

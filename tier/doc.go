@@ -21,13 +21,17 @@
 // Keys are spread by hash over shards. Each shard has one owner goroutine
 // that alone issues its IO: with the io_uring engine the owner is locked to
 // the OS thread that created its ring (IORING_SETUP_SINGLE_ISSUER and
-// DEFER_TASKRUN), and callers hand it work through a mutex-guarded inbox
-// and an eventfd wake-up, never touching the ring. The sync engine's owner
-// hands key operations to a fixed pool of goroutines doing plain system
-// calls. Both engines share everything above the IO: request bookkeeping,
-// lookup sharing (one kernel operation per key in flight, whatever the
-// number of requests asking), the lookup cache, deadlines and the circuit
-// breaker, so their semantics are the same.
+// DEFER_TASKRUN) and sleeps on the ring's eventfd in Go's netpoller, where
+// it holds no P; callers hand it work through a mutex-guarded inbox and the
+// same eventfd, never touching the ring. The sync engine's owner hands key
+// operations to a fixed pool of goroutines doing plain system calls. What
+// an operation does on disk is blockstore's Program, which both engines
+// execute (io_uring: one SQE per step); above the IO they share request
+// bookkeeping, lookup sharing (one kernel operation per key in flight,
+// whatever the number of requests asking), the lookup cache, deadlines and
+// the circuit breaker. So their semantics are the same by construction. An
+// engine that fails (a ring the kernel stops accepting) fails the tier with
+// ErrBroken, never the process.
 //
 // # Deadlines and hung filesystems
 //
@@ -48,11 +52,11 @@
 // directory (with the root and the quarantine directory) and opens it
 // again, and each backend checks about once a second that its fd is still
 // the directory at the namespace's path, so lookups and loads see what
-// stores write. The sync engine opens block files beneath that fd without
+// stores write. Both engines open block files beneath that fd without
 // following symlinks and without waiting (openat2 RESOLVE_BENEATH|
 // RESOLVE_NO_SYMLINKS, O_NONBLOCK): anything but a regular file at a block
-// path is StatusCorrupt and quarantined, and a lookup does not find it.
-// The io_uring engine does not yet: its opens follow links.
+// path is StatusCorrupt and quarantined (a symlink is left in place), and
+// a lookup does not find it.
 //
 // # Memory
 //

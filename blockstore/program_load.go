@@ -1,0 +1,146 @@
+package blockstore
+
+// The load program: open, read past the end, header and payload, close;
+// a short read reads on, something odd is looked at, a corrupt file goes to
+// the quarantine.
+
+import (
+	"fmt"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// layLoadRest reads the payload from payDone, at most ChunksMax reads,
+// then closes if they reach the end. A short read stops the chain before
+// the close; the next phase reads on.
+func (p *Program) layLoadRest() {
+	done := p.payDone
+	for range ChunksMax {
+		if done == int64(len(p.buf)) {
+			break
+		}
+		s := p.add(StepRead, rolePayload, LinkOnSuccess)
+		s.Buf, s.Off = chunk(p.buf, done), HeaderSize+done
+		done += int64(len(s.Buf))
+	}
+	if done == int64(len(p.buf)) {
+		p.add(StepClose, roleClose, LinkNone)
+	}
+}
+
+func (p *Program) judgeLoad() bool {
+	switch p.phase {
+	case phaseQuarantine:
+		return p.decide(p.Status, p.Err) // set before the quarantine; its own result does not matter
+	case phaseType:
+		if p.Steps[0].Res >= 0 && p.Stx.Mode&unix.S_IFMT != unix.S_IFREG {
+			p.Status, p.Err, p.moveAway = StatusCorrupt, CheckRegular(uint32(p.Stx.Mode)), true
+		}
+		return p.settleLoad()
+	}
+	moved := false
+	for k := range p.N {
+		s := &p.Steps[k]
+		r := s.Res
+		switch {
+		case s.role == roleOpen && r == -int32(unix.ENOENT):
+			return p.decide(StatusMissing, nil)
+		case s.role == roleOpen && r == -int32(unix.ELOOP):
+			// Left in place: the link may be a directory on the way, and
+			// a rename through it would move someone else's file.
+			return p.decide(StatusCorrupt, fmt.Errorf("%w: symlink at block path: %w", ErrCorrupt, p.pathError(StepOpen, p.path[:], syscall.ELOOP)))
+		case s.role == roleOpen && odd(r):
+			return p.checkType(StatusFailed, p.pathError(StepOpen, p.path[:], syscall.Errno(-r)), false)
+		case s.role == roleOpen && r < 0:
+			return p.decide(StatusFailed, p.pathError(StepOpen, p.path[:], syscall.Errno(-r)))
+		case s.role == roleOpen || s.role == roleClose || r == -int32(unix.ECANCELED):
+			// A close's result does not matter to a read; a canceled read
+			// did not run (a short read before it stopped the chain).
+		case odd(r):
+			return p.checkType(StatusFailed, p.pathError(StepRead, p.path[:], syscall.Errno(-r)), false)
+		case r < 0:
+			return p.decide(StatusFailed, p.pathError(StepRead, p.path[:], syscall.Errno(-r)))
+		case s.role == roleTail:
+			p.tail = r
+		default:
+			moved = moved || r > 0
+			if s.role == roleHeader {
+				p.hdrDone += int64(r)
+			} else {
+				p.payDone += int64(r)
+			}
+			p.eof = p.eof || r == 0
+		}
+	}
+	if !p.eof && (p.hdrDone < HeaderSize || p.payDone < int64(len(p.buf))) {
+		if !moved || p.Canceled {
+			// Nothing read and no end of file: the reads were canceled.
+			return p.decide(StatusFailed, p.pathError(StepRead, p.path[:], syscall.ECANCELED))
+		}
+		p.next(phaseResume)
+		return false
+	}
+	// The file's length as the reads found it.
+	size := p.hdrDone
+	switch {
+	case p.hdrDone < HeaderSize:
+	case p.payDone < int64(len(p.buf)):
+		size += p.payDone
+	default:
+		size += p.payDone + int64(p.tail)
+	}
+	st, quarantine, err := judgeFile(p.KeyBytes(), p.hdr[:p.hdrDone], p.buf[:p.payDone], size, len(p.buf))
+	if p.hdrDone < HeaderSize {
+		// Shorter than a header: a FIFO or a device reads so too.
+		return p.checkType(st, err, quarantine)
+	}
+	p.Status, p.Err, p.moveAway = st, err, quarantine
+	return p.settleLoad()
+}
+
+// odd reports whether a load's open or read failed in a way that may mean
+// no regular file is there: O_DIRECT refused (a directory, a device), a
+// directory read, a FIFO read at an offset or with a writer but no data.
+func odd(r int32) bool {
+	switch -r {
+	case int32(unix.EINVAL), int32(unix.EISDIR), int32(unix.EAGAIN), int32(unix.ESPIPE):
+		return true
+	}
+	return false
+}
+
+// checkType keeps a load's verdict while a STATX finds out whether a
+// regular file is at the block's path; anything else is corrupt (a FIFO,
+// a directory, a device) whatever the reads said.
+func (p *Program) checkType(st Status, err error, quarantine bool) bool {
+	p.Status, p.Err, p.moveAway = st, err, quarantine
+	p.next(phaseType)
+	return false
+}
+
+// settleLoad decides a load with the verdict in Status and Err, moving the
+// file to the quarantine first when the verdict says so.
+func (p *Program) settleLoad() bool {
+	if !p.moveAway || p.cfg.Quarantine == "" {
+		return p.decide(p.Status, p.Err)
+	}
+	q := fmt.Appendf(append(append(append(p.qpath[:0], p.cfg.Quarantine...), '/'), p.cfg.Namespace...), ".%x.%d", p.KeyBytes(), NewTempToken())
+	p.qpath[len(q)] = 0 // Config.Check made room
+	p.next(phaseQuarantine)
+	return false
+}
+
+// judgeFile applies CheckBlock, the one validity rule, and says whether a
+// corrupt file should be moved aside: a block of another size, whole as
+// its header describes it, is someone else's, not damaged.
+func judgeFile(key, hdr, payload []byte, size int64, blockSize int) (Status, bool, error) {
+	err := CheckBlock(key, hdr, payload, size)
+	if err == nil && len(payload) == blockSize {
+		return StatusLoaded, false, nil
+	}
+	if h, herr := DecodeHeader(hdr); herr == nil && h.PayloadSize != int64(blockSize) && size == h.FileSize() {
+		return StatusCorrupt, false, fmt.Errorf("%w: payload is %d bytes, the block size is %d", ErrCorrupt, h.PayloadSize, blockSize)
+	}
+	return StatusCorrupt, true, err
+}

@@ -1,0 +1,207 @@
+package blockstore
+
+// The store program: make and check the directories, write a temporary
+// file, sync, close and rename it onto the block; a short write writes on,
+// a failure removes the temporary file, DurabilityFull syncs directories.
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// layStore lays out a store's first phase: the directories it has not
+// seen, then the temporary file and what follows it.
+func (p *Program) layStore() {
+	key, l := p.KeyBytes(), p.cfg.Layout
+	tmp := append(l.AppendTempPath(p.tmp[:0], key, NewTempToken()), 0)
+	dir := l.AppendDir(p.qpath[:0], key) // qpath is a store's scratch: dirs is built from dir
+	if len(tmp) > len(p.tmp) || 2*len(dir)+2 > len(p.dirs) {
+		panic("blockstore: block path longer than PathMax") // Start checked the block's path
+	}
+	if len(dir) > 0 && !p.cfg.Dirs.Known(dir) {
+		// Each level of the directory, "aa\0aa/bb\0", made and then opened
+		// without following links: MKDIR follows a link on the way, so a
+		// link (or a file) in place of a level stops the chain before
+		// anything is made beneath it.
+		p.DirHow = unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY, Resolve: ResolveBeneath}
+		d := p.dirs[:0]
+		for k := range len(dir) {
+			if k < len(dir)-1 && dir[k+1] != '/' {
+				continue
+			}
+			start := len(d)
+			d = append(append(d, dir[:k+1]...), 0)
+			s := p.add(StepMkdir, roleMkdir, LinkAlways)
+			s.Path, s.dir = &d[start], uint16(start)
+			s = p.add(StepOpen, roleDirCheck, LinkOnSuccess)
+			s.Path, s.How, s.dir = &d[start], &p.DirHow, uint16(start)
+			p.add(StepClose, roleClose, LinkOnSuccess)
+		}
+	}
+	EncodeHeader(p.hdr, key, p.buf)
+	p.How = unix.OpenHow{Flags: unix.O_WRONLY | unix.O_CREAT | unix.O_EXCL, Mode: fileMode, Resolve: ResolveBeneath}
+	s := p.add(StepOpen, roleOpen, LinkOnSuccess)
+	s.Path, s.How = &p.tmp[0], &p.How
+	p.layStoreRest()
+}
+
+// layStoreRest writes what is left of the header and the payload (at most
+// ChunksMax payload writes in a phase), then syncs, closes and publishes.
+func (p *Program) layStoreRest() {
+	if n := p.hdrDone; n < HeaderSize {
+		s := p.add(StepWrite, roleHeader, LinkOnSuccess)
+		s.Buf, s.Off = p.hdr[n:], n
+	}
+	done := p.payDone
+	for range ChunksMax {
+		if done == int64(len(p.buf)) {
+			break
+		}
+		s := p.add(StepWrite, rolePayload, LinkOnSuccess)
+		s.Buf, s.Off = chunk(p.buf, done), HeaderSize+done
+		done += int64(len(s.Buf))
+	}
+	if done < int64(len(p.buf)) {
+		return // the next phase writes on
+	}
+	if p.cfg.Durability >= DurabilityData {
+		p.add(StepFsync, roleSync, LinkOnSuccess).Data = true
+	}
+	// Close before the rename: on NFS, close reports deferred write
+	// errors, and a store whose close failed must not publish.
+	p.add(StepClose, roleClose, LinkOnSuccess)
+	s := p.add(StepRename, rolePublish, LinkNone)
+	s.Path, s.Path2 = &p.tmp[0], &p.path[0]
+}
+
+// layDirSync syncs the block's directory, which holds its new name, and
+// when the store created directories, each parent too: OPEN ─ FSYNC ═
+// CLOSE ─ the next directory's OPEN.
+func (p *Program) layDirSync() {
+	dirs := append(p.cfg.Layout.AppendDir(p.dirs[:0], p.KeyBytes()), 0)
+	if len(dirs) == 1 {
+		dirs = append(dirs[:0], '.', 0)
+	} else if p.created {
+		for k := len(dirs) - 2; k > 0; k-- {
+			if dirs[k] == '/' {
+				dirs = append(append(dirs, dirs[:k]...), 0)
+			}
+		}
+		dirs = append(dirs, '.', 0)
+	}
+	p.How = unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY, Resolve: ResolveBeneath}
+	for start := 0; start < len(dirs); start += bytes.IndexByte(dirs[start:], 0) + 1 {
+		s := p.add(StepOpen, roleOpen, LinkOnSuccess)
+		s.Path, s.How = &p.dirs[start], &p.How
+		p.add(StepFsync, roleDirSync, LinkAlways).dir = uint16(start)
+		p.add(StepClose, roleClose, LinkOnSuccess)
+	}
+}
+
+// errShort marks a write that moved fewer bytes than it asked for.
+var errShort = errors.New("short write")
+
+// firstFailure returns the first step of the phase that failed, other than
+// by being canceled behind it, and why; a MKDIR counts unless it succeeded
+// or found the directory there (EEXIST).
+func (p *Program) firstFailure() (int, error) {
+	for k := range p.N {
+		s := &p.Steps[k]
+		switch {
+		case s.Op == StepMkdir && (s.Res >= 0 || s.Res == -int32(unix.EEXIST)):
+		case s.Res < 0:
+			return k, syscall.Errno(-s.Res)
+		case s.Op == StepWrite && int(s.Res) < len(s.Buf):
+			return k, errShort
+		}
+	}
+	return -1, nil
+}
+
+func (p *Program) judgeStore() bool {
+	switch p.phase {
+	case phaseCleanup:
+		return p.decide(StatusFailed, p.cause)
+	case phaseDirSync:
+		if k, err := p.firstFailure(); k >= 0 {
+			s := &p.Steps[k]
+			// Steps come in threes, one directory each.
+			return p.decide(StatusFailed, p.pathError(s.Op, p.dirs[p.Steps[k/3*3+1].dir:], err.(syscall.Errno)))
+		}
+		return p.decide(StatusStored, nil)
+	}
+	opened := p.phase == phaseResume // the temporary file exists
+	for k := range p.N {
+		s := &p.Steps[k]
+		switch {
+		case s.role == roleOpen:
+			opened = s.Res >= 0
+		case s.role == roleMkdir && s.Res == 0:
+			p.created = true
+		case s.Op == StepWrite && s.Res > 0 && s.role == roleHeader:
+			p.hdrDone += int64(s.Res)
+		case s.Op == StepWrite && s.Res > 0:
+			p.payDone += int64(s.Res)
+		}
+	}
+	last := &p.Steps[p.N-1]
+	k, err := p.firstFailure()
+	if last.role == rolePublish && last.Res >= 0 {
+		k = -1 // published: whatever a MKDIR said, the block is there
+	}
+	if k < 0 && last.role != rolePublish {
+		p.next(phaseResume) // every write went through and more remain
+		return false
+	}
+	if err == errShort && p.Steps[k].Res > 0 && !p.Canceled {
+		// A short write says nothing about why (a full disk, a signal):
+		// write the rest, as write(2) callers do, to learn the errno.
+		p.next(phaseResume)
+		return false
+	}
+	if k < 0 {
+		p.cfg.Dirs.Remember(p.cfg.Layout.AppendDir(p.dirs[:0], p.KeyBytes()))
+		if p.cfg.Durability == DurabilityFull {
+			p.next(phaseDirSync)
+			return false
+		}
+		return p.decide(StatusStored, nil)
+	}
+	s := &p.Steps[k]
+	if (s.role == roleOpen || s.role == roleMkdir || s.role == roleDirCheck) && err == syscall.ENOENT && !p.retried && !p.Canceled {
+		// A directory is missing (new, or removed under us): create it
+		// and try once more.
+		p.retried, p.Renew = true, true
+		p.cfg.Dirs.Forget(p.cfg.Layout.AppendDir(p.dirs[:0], p.KeyBytes()))
+		p.hdrDone, p.payDone = 0, 0
+		p.next(phaseMain)
+		return false
+	}
+	var path []byte
+	switch s.role {
+	case roleMkdir, roleDirCheck:
+		// The first that failed is the cause; the steps after it failed
+		// for want of its directory.
+		path = p.dirs[s.dir:]
+	case rolePublish:
+		path = p.path[:]
+	default:
+		path = p.tmp[:]
+	}
+	var perr error
+	if errno, ok := err.(syscall.Errno); ok {
+		perr = p.pathError(s.Op, path, errno)
+	} else {
+		perr = fmt.Errorf("%w (%w)", p.pathError(s.Op, path, syscall.EIO), err)
+	}
+	if !opened {
+		return p.decide(StatusFailed, perr) // nothing was created
+	}
+	p.cause = perr
+	p.next(phaseCleanup)
+	return false
+}
