@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -112,10 +113,11 @@ func BenchmarkLookup(b *testing.B) {
 		kind EngineKind
 		mod  func(*Options)
 	}{
-		{"engine=uring-statx", EngineURing, nil},
-		{"engine=uring-statx-2rings", EngineURing, func(o *Options) { o.Rings = 2 }},
-		{"engine=uring-mixed", EngineURing, func(o *Options) { o.Lookup = LookupMixed }},
-		{"engine=uring-openpath", EngineURing, func(o *Options) { o.Lookup = LookupOpenPath }},
+		{"engine=uring-statx/rings=1", EngineURing, func(o *Options) { o.Rings = 1 }},
+		{"engine=uring-statx/rings=cpus", EngineURing, func(o *Options) { o.Rings = runtime.GOMAXPROCS(0) }},
+		{"engine=uring-mixed/rings=1", EngineURing, func(o *Options) { o.Lookup, o.Rings = LookupMixed, 1 }},
+		{"engine=uring-openpath/rings=1", EngineURing, func(o *Options) { o.Lookup, o.Rings = LookupOpenPath, 1 }},
+		{"engine=uring-openpath/rings=cpus", EngineURing, func(o *Options) { o.Lookup, o.Rings = LookupOpenPath, runtime.GOMAXPROCS(0) }},
 		{"engine=sync", EngineSync, nil},
 	}
 	for _, e := range engines {
@@ -177,17 +179,43 @@ func BenchmarkLookup(b *testing.B) {
 	})
 }
 
-func bigFixture(b *testing.B) string {
+// ioSizes are the block sizes of the load and store benchmarks: a small
+// KV-cache block and a large one.
+var ioSizes = []struct {
+	name   string
+	size   int
+	blocks int
+}{{"64KiB", 64 << 10, 512}, {"2MiB", bigBlock, bigBlocks}}
+
+// ioEngines are the engines of the load and store benchmarks: io_uring
+// with one ring and with a ring per CPU, and the sync engine.
+func ioEngines() []struct {
+	name  string
+	kind  EngineKind
+	rings int
+} {
+	return []struct {
+		name  string
+		kind  EngineKind
+		rings int
+	}{
+		{"engine=uring/rings=1", EngineURing, 1},
+		{"engine=uring/rings=cpus", EngineURing, runtime.GOMAXPROCS(0)},
+		{"engine=sync", EngineSync, 0},
+	}
+}
+
+func ioFixture(b *testing.B, size, blocks int) string {
 	dir := b.TempDir()
 	store, err := blockstore.Open(dir, blockstore.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
-	payload := make([]byte, bigBlock)
+	payload := make([]byte, size)
 	for i := range payload {
 		payload[i] = byte(i * 31)
 	}
-	for i := range bigBlocks {
+	for i := range blocks {
 		if err := store.Put("default", testKey(i), payload); err != nil {
 			b.Fatal(err)
 		}
@@ -196,29 +224,33 @@ func bigFixture(b *testing.B) string {
 	return dir
 }
 
-// BenchmarkLoad2MiB loads 2 MiB blocks, one key per request, depth 4, into
-// the tier's registered buffers (O_DIRECT where the filesystem allows).
-func BenchmarkLoad2MiB(b *testing.B) {
-	dir := bigFixture(b)
-	for _, kind := range []EngineKind{EngineURing, EngineSync} {
-		b.Run("engine="+kind.String(), func(b *testing.B) {
-			const depth = 4
-			tr := benchTier(b, dir, kind, func(o *Options) { o.BlockSize = bigBlock; o.Buffers = depth })
-			bufs := tr.Buffers()
-			b.SetBytes(bigBlock * bigBlocks) // one loop iteration loads every block
-			b.ReportAllocs()
-			var caller time.Duration
-			for b.Loop() {
-				caller += runBatches(b, tr, bigBlocks, depth, func(req uint64) error {
-					i := int(req)
-					return tr.Load(req, [][]byte{testKey(i)}, bufs[i%depth:i%depth+1])
-				})
-			}
-			b.ReportMetric(float64(b.N*bigBlocks)/b.Elapsed().Seconds(), "keys/s")
-			b.ReportMetric(float64(caller.Nanoseconds())/float64(b.N*bigBlocks), "caller-ns/key")
-		})
+// BenchmarkLoad loads every block of a fixture, one key per request, depth
+// 4, into the tier's registered buffers (O_DIRECT where the filesystem
+// allows and the engine uses it), for each block size and engine.
+func BenchmarkLoad(b *testing.B) {
+	for _, sz := range ioSizes {
+		dir := ioFixture(b, sz.size, sz.blocks)
+		for _, e := range ioEngines() {
+			b.Run("size="+sz.name+"/"+e.name, func(b *testing.B) {
+				const depth = 4
+				tr := benchTier(b, dir, e.kind, func(o *Options) { o.BlockSize, o.Buffers, o.Rings = sz.size, depth, e.rings })
+				bufs := tr.Buffers()
+				b.SetBytes(int64(sz.size * sz.blocks)) // one loop iteration loads every block
+				b.ReportAllocs()
+				var caller time.Duration
+				for b.Loop() {
+					caller += runBatches(b, tr, sz.blocks, depth, func(req uint64) error {
+						i := int(req)
+						return tr.Load(req, [][]byte{testKey(i)}, bufs[i%depth:i%depth+1])
+					})
+				}
+				b.ReportMetric(float64(b.N*sz.blocks)/b.Elapsed().Seconds(), "keys/s")
+				b.ReportMetric(float64(caller.Nanoseconds())/float64(b.N*sz.blocks), "caller-ns/key")
+			})
+		}
 	}
-	b.Run("engine=pread-direct/depth=1", func(b *testing.B) {
+	b.Run("size=2MiB/engine=pread-direct/depth=1", func(b *testing.B) {
+		dir := ioFixture(b, bigBlock, bigBlocks)
 		buf, fds := openBig(b, dir)
 		b.SetBytes(bigBlock * bigBlocks)
 		for b.Loop() {
@@ -255,30 +287,32 @@ func openBig(b *testing.B, dir string) ([]byte, []int) {
 	return buf, fds
 }
 
-// BenchmarkStore2MiB stores 2 MiB blocks, one key per request, depth 4,
-// each run into a fresh directory.
-func BenchmarkStore2MiB(b *testing.B) {
-	for _, kind := range []EngineKind{EngineURing, EngineSync} {
-		b.Run("engine="+kind.String(), func(b *testing.B) {
-			const depth, perRun = 4, 16
-			dir := b.TempDir()
-			tr := benchTier(b, dir, kind, func(o *Options) { o.BlockSize = bigBlock; o.Buffers = depth })
-			bufs := tr.Buffers()
-			b.SetBytes(bigBlock * perRun) // one loop iteration stores perRun blocks
-			b.ReportAllocs()
-			run := 0
-			var caller time.Duration
-			for b.Loop() {
-				base := run * perRun
-				caller += runBatches(b, tr, perRun, depth, func(req uint64) error {
-					i := int(req)
-					return tr.Store(uint64(base+i), [][]byte{testKey(1_000_000 + base + i)}, bufs[i%depth:i%depth+1])
-				})
-				run++
-			}
-			b.ReportMetric(float64(b.N*perRun)/b.Elapsed().Seconds(), "keys/s")
-			b.ReportMetric(float64(caller.Nanoseconds())/float64(b.N*perRun), "caller-ns/key")
-		})
+// BenchmarkStore stores 16 blocks per loop iteration, one key per
+// request, depth 4, into a fresh directory per sub-benchmark, for each
+// block size and engine.
+func BenchmarkStore(b *testing.B) {
+	for _, sz := range ioSizes {
+		for _, e := range ioEngines() {
+			b.Run("size="+sz.name+"/"+e.name, func(b *testing.B) {
+				const depth, perRun = 4, 16
+				tr := benchTier(b, b.TempDir(), e.kind, func(o *Options) { o.BlockSize, o.Buffers, o.Rings = sz.size, depth, e.rings })
+				bufs := tr.Buffers()
+				b.SetBytes(int64(sz.size * perRun)) // one loop iteration stores perRun blocks
+				b.ReportAllocs()
+				run := 0
+				var caller time.Duration
+				for b.Loop() {
+					base := run * perRun
+					caller += runBatches(b, tr, perRun, depth, func(req uint64) error {
+						i := int(req)
+						return tr.Store(uint64(base+i), [][]byte{testKey(1_000_000 + base + i)}, bufs[i%depth:i%depth+1])
+					})
+					run++
+				}
+				b.ReportMetric(float64(b.N*perRun)/b.Elapsed().Seconds(), "keys/s")
+				b.ReportMetric(float64(caller.Nanoseconds())/float64(b.N*perRun), "caller-ns/key")
+			})
+		}
 	}
 }
 
@@ -293,7 +327,7 @@ func BenchmarkLookupRoundTrip(b *testing.B) {
 		mod  func(*Options)
 	}{
 		{"engine=uring/rings=1", EngineURing, func(o *Options) { o.Rings = 1 }},
-		{"engine=uring/rings=2", EngineURing, func(o *Options) { o.Rings = 2 }},
+		{"engine=uring/rings=cpus", EngineURing, func(o *Options) { o.Rings = runtime.GOMAXPROCS(0) }},
 		{"engine=sync", EngineSync, nil},
 	}
 	for _, e := range engines {
