@@ -350,6 +350,21 @@ func (p *Program) lay() {
 	p.Steps[p.N-1].Link = LinkNone
 }
 
+// layChunks adds reads or writes (op) of the payload from payDone, at most
+// ChunksMax of them, each linked to the next, and returns where they end.
+func (p *Program) layChunks(op StepOp) int64 {
+	done := p.payDone
+	for range ChunksMax {
+		if done == int64(len(p.buf)) {
+			break
+		}
+		s := p.add(op, rolePayload, LinkOnSuccess)
+		s.Buf, s.Off = chunk(p.buf, done), HeaderSize+done
+		done += int64(len(s.Buf))
+	}
+	return done
+}
+
 // chunk returns the part of buf from done that one read or write moves.
 func chunk(buf []byte, done int64) []byte {
 	return buf[done:min(int64(len(buf)), done+int64(RWMax))]

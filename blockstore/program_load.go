@@ -15,20 +15,13 @@ import (
 // then closes if they reach the end. A short read stops the chain before
 // the close; the next phase reads on.
 func (p *Program) layLoadRest() {
-	done := p.payDone
-	for range ChunksMax {
-		if done == int64(len(p.buf)) {
-			break
-		}
-		s := p.add(StepRead, rolePayload, LinkOnSuccess)
-		s.Buf, s.Off = chunk(p.buf, done), HeaderSize+done
-		done += int64(len(s.Buf))
-	}
-	if done == int64(len(p.buf)) {
+	if p.layChunks(StepRead) == int64(len(p.buf)) {
 		p.add(StepClose, roleClose, LinkNone)
 	}
 }
 
+// judgeLoad judges a load's phase: the outcome, or the next phase (read
+// on, look at what is there, quarantine it).
 func (p *Program) judgeLoad() bool {
 	switch p.phase {
 	case phaseQuarantine:

@@ -56,16 +56,7 @@ func (p *Program) layStoreRest() {
 		s := p.add(StepWrite, roleHeader, LinkOnSuccess)
 		s.Buf, s.Off = p.hdr[n:], n
 	}
-	done := p.payDone
-	for range ChunksMax {
-		if done == int64(len(p.buf)) {
-			break
-		}
-		s := p.add(StepWrite, rolePayload, LinkOnSuccess)
-		s.Buf, s.Off = chunk(p.buf, done), HeaderSize+done
-		done += int64(len(s.Buf))
-	}
-	if done < int64(len(p.buf)) {
+	if p.layChunks(StepWrite) < int64(len(p.buf)) {
 		return // the next phase writes on
 	}
 	if p.cfg.Durability >= DurabilityData {
@@ -122,6 +113,8 @@ func (p *Program) firstFailure() (int, error) {
 	return -1, nil
 }
 
+// judgeStore judges a store's phase: the outcome, or the next phase (write
+// on, retry in a recreated directory, clean up, sync directories).
 func (p *Program) judgeStore() bool {
 	switch p.phase {
 	case phaseCleanup:
