@@ -48,6 +48,7 @@ var conformanceSuite = []struct {
 	{"TestNamespaceRecreatedElsewhere", TestNamespaceRecreatedElsewhere},
 	{"TestNotRegularAtBlockPath", TestNotRegularAtBlockPath},
 	{"TestSymlinkedFanoutDir", TestSymlinkedFanoutDir},
+	{"TestLogsStateChangesOnly", TestLogsStateChangesOnly},
 }
 
 // notInConformanceSuite is every other test of this package, with the reason it stays out.
@@ -57,6 +58,11 @@ var notInConformanceSuite = map[string]string{
 	"TestConformanceWithoutIOURing": "it is the test that runs the suite in the child",
 	"TestConformanceSuiteComplete":  "it checks the list, not the tier",
 	"TestHugeBlock":                 "it moves 2 GiB through each engine; the sync engine it would run in the child is the same code as here",
+	"TestLogBreaker":                "it needs a FUSE mount, and the breaker is the shard's, the same code with either engine",
+	"TestLogFallback":               "it starts its own child without io_uring",
+	"TestNoteQuarantine":            "it calls the engines' hook directly, on the sync engine already",
+	"TestFailureClasses":            "it needs a FUSE mount; the counting is the shard's, the same code with either engine",
+	"TestQuarantineLogged":          "behind the quarantinehook build tag until the engines call noteQuarantine",
 }
 
 // TestConformanceWithoutIOURing runs the conformance suite in a child process of this test binary
