@@ -17,6 +17,15 @@ import (
 	"github.com/uringtier/uringtier/uring"
 )
 
+// TestMain lets this test binary be a --jobs child process: tierbench
+// starts its jobs as os.Executable(), which in a test is this binary.
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
 // tiny is the tiny mode: a data set and workloads that take milliseconds.
 var tiny = []string{"--blocks", "40", "--block-size", "8KiB", "--keys", "96", "--batch", "8", "--depth", "3"}
 
