@@ -150,6 +150,8 @@ func checkResultLine(t *testing.T, line string, engine, workload string, keys in
 		CallerMaxUS float64            `json:"caller_max_us"`
 		Missing     int64              `json:"missing"`
 		BlockSize   int64              `json:"block_size"`
+		CPUSeconds  float64            `json:"cpu_seconds"`
+		CPUUSPerKey float64            `json:"cpu_us_per_key"`
 	}
 	dec := json.NewDecoder(strings.NewReader(line))
 	require.NoError(t, dec.Decode(&r))
@@ -185,6 +187,8 @@ func checkResultLine(t *testing.T, line string, engine, workload string, keys in
 	assert.LessOrEqual(t, p999, mx)
 	assert.LessOrEqual(t, mx, r.Seconds*1e6, "a batch took longer than the run")
 	assert.Positive(t, r.CallerMaxUS)
+	assert.Positive(t, r.CPUSeconds, "cpu_seconds")
+	assert.InEpsilon(t, r.CPUSeconds*1e6/float64(r.Keys), r.CPUUSPerKey, 1e-6, "cpu_us_per_key")
 	assert.LessOrEqual(t, r.CallerMaxUS, r.Seconds*1e6)
 }
 
