@@ -3,9 +3,15 @@
 // With no arguments it populates a temporary directory with a modest data set,
 // runs lookup, load and store workloads with every engine available on this
 // machine, prints one side-by-side table and removes the directory. The other
-// subcommands populate a real directory, run one workload against it, or run
-// the block store's maintenance (verify, clean, du, evict). Run
-// "tierbench -h" for the usage text.
+// subcommands populate a real directory, run one workload against it (lookup,
+// load, store, prefix), draw a run's JSON lines (report), or run the block
+// store's maintenance (verify, clean, du, evict). A workload can run in
+// several processes on one directory (--jobs), print a line per interval
+// (--interval), serve the tier's Prometheus metrics (--metrics-addr) and draw
+// itself (--plot). Run "tierbench -h" for the usage text.
+//
+// The flags stay the standard library's flag package: each subcommand's file
+// registers its FlagSet's flags, which a CLI library would not make clearer.
 //
 // Exit status: 0 on success, 1 on failure (an error, a key that failed, a
 // corrupt block left), 2 on bad usage.
