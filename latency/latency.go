@@ -195,8 +195,9 @@ func (c *Counts) Sub(o *Counts) {
 }
 
 // MarshalJSON encodes the buckets in use as [lower bound in ns, count]
-// pairs, in ascending order.
-func (c *Counts) MarshalJSON() ([]byte, error) {
+// pairs, in ascending order. A value receiver, so that Counts inside a
+// struct or array marshaled by value (tier.Stats) encode so too.
+func (c Counts) MarshalJSON() ([]byte, error) {
 	pairs := [][2]uint64{}
 	for i, k := range c {
 		if k > 0 {

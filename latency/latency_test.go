@@ -124,6 +124,10 @@ func TestAddSubJSON(t *testing.T) {
 	back.Add(&a)
 	assert.Equal(t, 2*a.Total()+500, back.Total())
 
+	inStruct, err := json.Marshal(struct{ H [2]Counts }{[2]Counts{a}})
+	require.NoError(t, err)
+	assert.Less(t, len(inStruct), 20000, "Counts in a struct by value encode as pairs too")
+
 	assert.Panics(t, func() { a.Sub(&b) }, "subtracting a later snapshot")
 	assert.Error(t, json.Unmarshal([]byte(`[[1099511627776,1]]`), &back), "a bucket beyond Max")
 	var empty Counts
