@@ -164,8 +164,10 @@ func jsonObjects(t *testing.T, out string) (results []map[string]any, intervals 
 // counts afterwards.
 func TestJobs(t *testing.T) {
 	t.Setenv("TMPDIR", t.TempDir())
+	pic := filepath.Join(t.TempDir(), "jobs.png")
 	out := mustRun(t, "run", "--json", "--jobs", "4", "--blocks", "40", "--block-size", "8KiB", "--duration", "300ms",
-		"--interval", "50ms", "--batch", "8", "--depth", "3", "--engine", "sync", "--plot", filepath.Join(t.TempDir(), "jobs.png"))
+		"--interval", "50ms", "--batch", "8", "--depth", "3", "--engine", "sync", "--plot", pic)
+	checkPNG(t, pic)
 	results, intervals := jsonObjects(t, out)
 	require.Len(t, results, 3*5, "lookup, load, store × (4 jobs + all)")
 	for i := 0; i < len(results); i += 5 {
