@@ -217,6 +217,8 @@ type Program struct {
 	retried  bool  // a store already recreated its directories once
 	eof      bool  // a load's read met the end of the file
 	moveAway bool  // a load's verdict, kept through its type check: quarantine the file
+	moved    bool  // a load tried to move the file into the quarantine
+	moveErr  error // and this is why it could not
 	tail     int32 // bytes a load found past the end of a block of the expected size
 	hdrDone  int64
 	payDone  int64
@@ -242,6 +244,24 @@ type Config struct {
 
 // KeyBytes returns the program's key.
 func (p *Program) KeyBytes() []byte { return p.Key[:p.KeyLen] }
+
+// Quarantined reports whether a decided load tried to move its file into
+// the quarantine: the block's path under the namespace directory, where it
+// was to go, and the move's error (nil: moved).
+func (p *Program) Quarantined() (rel, dst []byte, err error, ok bool) {
+	if !p.moved {
+		return nil, nil, nil, false
+	}
+	return cstr(p.path[:]), cstr(p.qpath[:]), p.moveErr, true
+}
+
+// cstr cuts b at its first NUL.
+func cstr(b []byte) []byte {
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		return b[:i]
+	}
+	return b
+}
 
 // Check reports whether programs of this configuration stay within their
 // limits for every key: each phase within StepsMax steps, each path within
@@ -423,8 +443,5 @@ func (p *Program) next(ph phase) {
 // pathError wraps errno for rel (NUL-terminated) under the namespace
 // directory, as package os does, so errors.Is(err, fs.ErrNotExist) works.
 func (p *Program) pathError(op StepOp, rel []byte, errno syscall.Errno) error {
-	if i := bytes.IndexByte(rel, 0); i >= 0 {
-		rel = rel[:i]
-	}
-	return &fs.PathError{Op: op.String(), Path: filepath.Join(p.cfg.Dir, string(rel)), Err: errno}
+	return &fs.PathError{Op: op.String(), Path: filepath.Join(p.cfg.Dir, string(cstr(rel))), Err: errno}
 }

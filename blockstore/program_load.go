@@ -25,7 +25,11 @@ func (p *Program) layLoadRest() {
 func (p *Program) judgeLoad() bool {
 	switch p.phase {
 	case phaseQuarantine:
-		return p.decide(p.Status, p.Err) // set before the quarantine; its own result does not matter
+		p.moved = true
+		if r := p.Steps[0].Res; r < 0 {
+			p.moveErr = syscall.Errno(-r)
+		}
+		return p.decide(p.Status, p.Err) // set before the quarantine, whatever the move did
 	case phaseType:
 		if p.Steps[0].Res >= 0 && p.Stx.Mode&unix.S_IFMT != unix.S_IFREG {
 			p.Status, p.Err, p.moveAway = StatusCorrupt, CheckRegular(uint32(p.Stx.Mode)), true

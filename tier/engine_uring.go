@@ -1,10 +1,12 @@
 package tier
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"runtime"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -42,6 +44,8 @@ type uringBackend struct {
 	waker    *uring.Waker // without DEFER_TASKRUN: an armed READ that ends a wait in io_uring_enter
 	evfd     *os.File     // with DEFER_TASKRUN: the ring's registered eventfd, which the owner sleeps on in Go's netpoller
 	evfdN    int          // evfd's descriptor, for wake (File.Fd would make it blocking)
+	evraw    syscall.RawConn
+	evread   func(fd uintptr) bool // reads the eventfd; false (EAGAIN) parks in the netpoller
 	evbuf    [8]byte
 	ns       *nsDirFD // the namespace directory; replaced when it goes (nsdir.go)
 	direct   bool
@@ -132,6 +136,15 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 			return nil, fmt.Errorf("tier: eventfd: %w", err)
 		}
 		b.evfd, b.evfdN = os.NewFile(uintptr(fd), "uringtier-ring"), fd
+		if b.evraw, err = b.evfd.SyscallConn(); err != nil {
+			return nil, fmt.Errorf("tier: %w", err)
+		}
+		// Through the raw connection: File.Read would wrap each deadline
+		// in a new *PathError, an allocation per idle wait.
+		b.evread = func(fd uintptr) bool {
+			_, err := unix.Read(int(fd), b.evbuf[:])
+			return err != unix.EAGAIN
+		}
 		if err = b.ring.RegisterEventfd(fd); err != nil {
 			return nil, fmt.Errorf("tier: %w", err)
 		}
@@ -361,9 +374,12 @@ func (b *uringBackend) wake() {
 		b.waker.Wake()
 		return
 	}
-	one := [8]byte{1}
-	unix.Write(b.evfdN, one[:]) // EAGAIN: the counter is full, the owner wakes anyway
+	unix.Write(b.evfdN, eventfdOne[:]) // EAGAIN: the counter is full, the owner wakes anyway
 }
+
+// eventfdOne is what wake adds to the eventfd's counter; shared and never
+// written, so that a wake allocates nothing.
+var eventfdOne = func() (b [8]byte) { binary.NativeEndian.PutUint64(b[:], 1); return }()
 
 // reap copies out completions and handles them: a finished op goes to
 // doneQ, one with another phase to next. It prepares no SQE.
@@ -427,6 +443,9 @@ func (b *uringBackend) evaluate(i int32) {
 	}
 	o := &b.s.ops[i]
 	o.status, o.err = tierStatus[p.Status], p.Err
+	if rel, dst, err, ok := p.Quarantined(); ok {
+		b.t.noteQuarantine(rel, dst, p.Err, err)
+	}
 	b.doneQ = append(b.doneQ, i)
 }
 
@@ -475,7 +494,7 @@ func (b *uringBackend) idle(d time.Duration) {
 		return
 	}
 	b.evfd.SetReadDeadline(time.Now().Add(max(d, time.Microsecond)))
-	b.evfd.Read(b.evbuf[:]) // a deadline passing is no error; what woke it is in the ring
+	b.evraw.Read(b.evread) // a deadline passing is no error; what woke it is in the ring
 }
 
 // prepareNext prepares what the handled completions asked for: next
@@ -511,11 +530,13 @@ func (b *uringBackend) prepareNext() {
 func (b *uringBackend) close() {
 	if b.broken != nil {
 		// The kernel may still write into the programs and buffers of
-		// the ops it had: keep them, and close only the descriptors.
+		// the ops it had, and resolve paths against the namespace
+		// directory's fds: keep them, and close only the ring's.
 		b.ring.Close()
 		if b.evfd != nil {
 			b.evfd.Close()
 		}
+		b.ns.stop()
 		return
 	}
 	if b.ring != nil {

@@ -42,12 +42,14 @@ var conformanceSuite = []struct {
 	{"TestDirectoryIsAFile", TestDirectoryIsAFile},
 	{"TestAfterClose", TestAfterClose},
 	{"TestBuffersDuringClose", TestBuffersDuringClose},
+	{"TestQuarantineLogged", TestQuarantineLogged},
 	{"TestStoreAfterNamespaceRemoved", TestStoreAfterNamespaceRemoved},
 	{"TestStoreAfterFanoutRemoved", TestStoreAfterFanoutRemoved},
 	{"TestStoreAfterRepeatedRemoval", TestStoreAfterRepeatedRemoval},
 	{"TestNamespaceRecreatedElsewhere", TestNamespaceRecreatedElsewhere},
 	{"TestNotRegularAtBlockPath", TestNotRegularAtBlockPath},
 	{"TestSymlinkedFanoutDir", TestSymlinkedFanoutDir},
+	{"TestLogsStateChangesOnly", TestLogsStateChangesOnly},
 }
 
 // notInConformanceSuite is every other test of this package, with the reason it stays out.
@@ -59,6 +61,10 @@ var notInConformanceSuite = map[string]string{
 	"TestBrokenRingFailsTheTier":    "it injects a fault into the io_uring engine's ring",
 	"TestReapUnderPressure":         "it shrinks the io_uring engine's queues",
 	"TestHugeBlock":                 "it moves 2 GiB through each engine; the sync engine it would run in the child is the same code as here",
+	"TestLogBreaker":                "it needs a FUSE mount, and the breaker is the shard's, the same code with either engine",
+	"TestLogFallback":               "it starts its own child without io_uring",
+	"TestNoteQuarantine":            "it calls the engines' hook directly, on the sync engine already",
+	"TestFailureClasses":            "it needs a FUSE mount; the counting is the shard's, the same code with either engine",
 }
 
 // TestConformanceWithoutIOURing runs the conformance suite in a child process of this test binary

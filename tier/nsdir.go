@@ -34,6 +34,9 @@ type nsDirFD struct {
 	checkAt atomic.Int64 // nanoseconds after epoch when the next check is due
 	closed  atomic.Bool  // set by close, under mu: replace nothing more
 
+	kick     chan struct{} // asks the checker goroutine for a check; closed by stop
+	stopOnce sync.Once
+
 	mu      sync.Mutex // serialises replacements; guards retired
 	retired []int      // replaced fds, closed by close
 }
@@ -43,9 +46,10 @@ func openNSDirFD(t *Tier) (*nsDirFD, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tier: open %s: %w", t.nsDir, err)
 	}
-	d := &nsDirFD{t: t, epoch: time.Now()}
+	d := &nsDirFD{t: t, epoch: time.Now(), kick: make(chan struct{}, 1)}
 	d.fd.Store(int32(fd))
 	d.checkAt.Store(int64(nsCheckInterval))
+	go d.checker()
 	return d, nil
 }
 
@@ -59,14 +63,30 @@ func openDir(path string) (int, error) {
 }
 
 // current returns the dirfd to use now. At most once a second it also
-// starts a check, in a goroutine of its own: the caller may be a ring
-// owner, which must not wait for the filesystem. Safe from any goroutine.
+// asks for a check, which the checker goroutine makes: the caller may be a
+// ring owner, which must not wait for the filesystem (nor allocate a
+// goroutine per check). Safe from any goroutine until close.
 func (d *nsDirFD) current() int {
 	now := int64(time.Since(d.epoch))
 	if at := d.checkAt.Load(); now >= at && d.checkAt.CompareAndSwap(at, now+int64(nsCheckInterval)) {
-		go d.check()
+		select {
+		case d.kick <- struct{}{}:
+		default: // a check is pending already
+		}
 	}
 	return int(d.fd.Load())
+}
+
+// stop ends the checker, leaving the fds open: for a backend whose kernel
+// operations may still resolve paths against them. Nothing may call
+// current afterwards.
+func (d *nsDirFD) stop() { d.stopOnce.Do(func() { close(d.kick) }) }
+
+// checker makes the checks current asks for, until stop.
+func (d *nsDirFD) checker() {
+	for range d.kick {
+		d.check()
+	}
 }
 
 // check replaces the fd if another directory is at the namespace's path.
@@ -136,9 +156,11 @@ func (d *nsDirFD) replace(old, nfd int) {
 	d.retired = append(d.retired, old)
 }
 
-// close closes the fd and every replaced one; the backend calls it once no
-// op can use them. A check still running closes what it opens.
+// close closes the fd and every replaced one, and ends the checker; the
+// backend calls it once no op can use them and nothing calls current. A
+// check still running closes what it opens.
 func (d *nsDirFD) close() {
+	d.stop()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.closed.Store(true)

@@ -2,6 +2,7 @@ package tier
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"runtime"
 	"time"
@@ -165,6 +166,12 @@ type Options struct {
 	// (a ring registers at most 16,384 buffers, one of them the tier's
 	// own) and 64 GiB in all.
 	Buffers int
+	// Logger receives the tier's state changes: the engine chosen and
+	// why, a fallback to the sync engine, the O_DIRECT probe's result, the
+	// circuit breaker opening and closing, corrupt blocks quarantined
+	// (at most a line a second), operations still stuck at Close. Never a
+	// line per key or per request. Nil: silent.
+	Logger *slog.Logger
 }
 
 func (o *Options) setDefaults() {

@@ -393,6 +393,7 @@ func (s *shard) startKey(r *request, i int, now time.Time) bool {
 	}
 	o.waiters = append(o.waiters[:0], waiter{r, int32(i)})
 	o.deadline, o.started = r.deadline, now
+	s.t.stats.queueWait[r.op].Record(now.Sub(r.submitted))
 	s.opDeadline = earliest(s.opDeadline, o.deadline)
 	o.inUse, o.abandoned, o.canceled, o.probe = true, false, false, probe
 	o.status, o.err = StatusPending, nil
@@ -482,6 +483,7 @@ func (s *shard) expire(now time.Time) time.Time {
 			s.breaker = true
 			s.open.Store(true)
 			s.t.stats.breakerTrips.Add(1)
+			s.t.noteBreaker(s.idx, true, s.stuck)
 		}
 	}
 	return next
@@ -519,6 +521,7 @@ func (s *shard) finish(j int32, now time.Time) {
 		if !o.abandoned {
 			s.breaker = false
 			s.open.Store(false)
+			s.t.noteBreaker(s.idx, false, s.stuck)
 		}
 	}
 	if o.abandoned {

@@ -1,16 +1,68 @@
 package tier
 
 import (
-	"math/bits"
+	"bytes"
+	"errors"
+	"path/filepath"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"github.com/uringtier/uringtier/latency"
 )
 
 const (
 	opKinds      = int(OpRelease) + 1
 	statusKinds  = int(StatusSkipped) + 1
-	latencySlots = 32 // bucket b holds latencies in [2^(b-1), 2^b) microseconds
+	failureKinds = int(FailureStale) + 1
 )
+
+// Failure classifies a key that ended StatusFailed by its errno: a full
+// disk, a read-only mount, a permission problem and a dying device each
+// call for a different remedy.
+type Failure uint8
+
+// Failure classes.
+const (
+	FailureOther      Failure = iota // any other errno
+	FailureNoSpace                   // ENOSPC, EDQUOT: the filesystem or the quota is full
+	FailureReadOnly                  // EROFS
+	FailurePermission                // EACCES, EPERM
+	FailureIO                        // EIO: the device or the server failed
+	FailureStale                     // ESTALE: an NFS file handle went stale
+)
+
+var failureNames = [...]string{"other", "nospace", "readonly", "permission", "io", "stale"}
+
+// String returns the class's name: other, nospace, readonly, permission,
+// io or stale.
+func (f Failure) String() string {
+	if int(f) < len(failureNames) {
+		return failureNames[f]
+	}
+	return "failure?"
+}
+
+// ClassifyFailure returns the class of a failed key's error.
+func ClassifyFailure(err error) Failure {
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		return FailureOther
+	}
+	switch errno {
+	case syscall.ENOSPC, syscall.EDQUOT:
+		return FailureNoSpace
+	case syscall.EROFS:
+		return FailureReadOnly
+	case syscall.EACCES, syscall.EPERM:
+		return FailurePermission
+	case syscall.EIO:
+		return FailureIO
+	case syscall.ESTALE:
+		return FailureStale
+	}
+	return FailureOther
+}
 
 // statsCounters are the tier's counters, updated atomically by owners and
 // callers.
@@ -18,7 +70,12 @@ type statsCounters struct {
 	requests     [opKinds]atomic.Uint64
 	keys         [opKinds]atomic.Uint64
 	outcomes     [opKinds][statusKinds]atomic.Uint64
-	latency      [opKinds][latencySlots]atomic.Uint64
+	failures     [opKinds][failureKinds]atomic.Uint64
+	latency      [opKinds]latency.Histogram // key operations: start to completion
+	request      [opKinds]latency.Histogram // requests: submit to result published
+	queueWait    [opKinds]latency.Histogram // key operations: submit to start
+	bytesRead    atomic.Uint64
+	bytesWritten atomic.Uint64
 	busy         atomic.Uint64
 	cacheHits    atomic.Uint64
 	shared       atomic.Uint64
@@ -26,25 +83,39 @@ type statsCounters struct {
 	breakerTrips atomic.Uint64
 	held         atomic.Int64
 	retries      atomic.Uint64
+
+	quarantined      atomic.Uint64
+	quarantineFailed atomic.Uint64
+	quarantineLogAt  atomic.Int64  // Unix ns of the last quarantine log line
+	quarantineQuiet  atomic.Uint64 // quarantines not logged since then
 }
 
-func (c *statsCounters) observe(o Op, d time.Duration) {
-	us := uint64(max(d, 0) / time.Microsecond)
-	c.latency[o][min(bits.Len64(us), latencySlots-1)].Add(1)
-}
+func (c *statsCounters) observe(o Op, d time.Duration) { c.latency[o].Record(d) }
 
-// Stats is a snapshot of a tier's counters.
+// Stats is a snapshot of a tier's counters. Its histograms are
+// latency.Counts: quantiles within latency.ErrorBound (1/64) of the exact
+// ones, in fixed memory however long the tier runs.
 type Stats struct {
 	Engine EngineInfo
 	// Per request kind (indexed by Op): requests and keys submitted, key
-	// outcomes (indexed by Status), and a latency histogram of kernel
-	// operations: Latency[op][b] counts operations that took
-	// [2^(b-1), 2^b) microseconds (b = 0: under 1 µs).
+	// outcomes (indexed by Status), and failed keys by class (indexed by
+	// Failure).
 	Requests [opKinds]uint64
 	Keys     [opKinds]uint64
 	Outcomes [opKinds][statusKinds]uint64
-	Latency  [opKinds][latencySlots]uint64
+	Failures [opKinds][failureKinds]uint64
+	// Latency is the kernel's (or the sync engine's) time per key
+	// operation, from the op's start to its completion being reaped.
+	Latency [opKinds]latency.Counts
+	// RequestLatency is end to end per request: from the submit call to
+	// the Result being ready for Poll.
+	RequestLatency [opKinds]latency.Counts
+	// QueueWait is per key operation: from the submit call to the op's
+	// start (waiting for the owner's turn and a free op slot).
+	QueueWait [opKinds]latency.Counts
 
+	BytesRead    uint64 // payload bytes of keys loaded
+	BytesWritten uint64 // payload bytes of keys stored
 	Busy         uint64 // submits refused with ErrBusy
 	CacheHits    uint64 // keys answered from the lookup cache
 	Shared       uint64 // lookup keys that joined an op already in flight
@@ -58,27 +129,16 @@ type Stats struct {
 	// SubmitRetries counts submissions the kernel refused until
 	// completions were reaped (EBUSY, EAGAIN: a full completion queue).
 	SubmitRetries uint64
+	// Quarantined counts corrupt block files that loads moved into the
+	// quarantine directory; QuarantineFailed those they could not move.
+	Quarantined      uint64
+	QuarantineFailed uint64
 }
 
-// LatencyQuantile returns an upper bound of quantile q (0..1) of op's
-// kernel operation latency, from the histogram.
+// LatencyQuantile returns quantile q (0..1) of op's kernel operation
+// latency, within latency.ErrorBound.
 func (s *Stats) LatencyQuantile(op Op, q float64) time.Duration {
-	var total uint64
-	for _, n := range s.Latency[op] {
-		total += n
-	}
-	if total == 0 {
-		return 0
-	}
-	want := uint64(q*float64(total) + 0.5)
-	var seen uint64
-	for b, n := range s.Latency[op] {
-		seen += n
-		if seen >= max(want, 1) {
-			return time.Duration(uint64(1)<<b) * time.Microsecond
-		}
-	}
-	return time.Duration(uint64(1)<<(latencySlots-1)) * time.Microsecond
+	return s.Latency[op].Quantile(q)
 }
 
 // Stats returns the tier's counters.
@@ -91,13 +151,18 @@ func (t *Tier) Stats() Stats {
 		for st := range statusKinds {
 			s.Outcomes[o][st] = c.outcomes[o][st].Load()
 		}
-		for b := range latencySlots {
-			s.Latency[o][b] = c.latency[o][b].Load()
+		for f := range failureKinds {
+			s.Failures[o][f] = c.failures[o][f].Load()
 		}
+		c.latency[o].Load(&s.Latency[o])
+		c.request[o].Load(&s.RequestLatency[o])
+		c.queueWait[o].Load(&s.QueueWait[o])
 	}
+	s.BytesRead, s.BytesWritten = c.bytesRead.Load(), c.bytesWritten.Load()
 	s.Busy, s.CacheHits, s.Shared = c.busy.Load(), c.cacheHits.Load(), c.shared.Load()
 	s.Late, s.BreakerTrips, s.Held = c.late.Load(), c.breakerTrips.Load(), int(c.held.Load())
 	s.SubmitRetries = c.retries.Load()
+	s.Quarantined, s.QuarantineFailed = c.quarantined.Load(), c.quarantineFailed.Load()
 	for _, sh := range t.shards {
 		s.InFlight += int(sh.inFlight.Load())
 		s.Queued += int(sh.queued.Load())
@@ -105,4 +170,75 @@ func (t *Tier) Stats() Stats {
 		s.BreakerOpen = s.BreakerOpen || sh.open.Load()
 	}
 	return s
+}
+
+// countOutcome counts key outcome st of an op of kind o with error err:
+// the outcome, the failure class, the payload bytes moved.
+func (t *Tier) countOutcome(o Op, st Status, err error) {
+	c := &t.stats
+	c.outcomes[o][st].Add(1)
+	switch st {
+	case StatusLoaded:
+		c.bytesRead.Add(uint64(t.opts.BlockSize))
+	case StatusStored:
+		c.bytesWritten.Add(uint64(t.opts.BlockSize))
+	case StatusFailed:
+		c.failures[o][ClassifyFailure(err)].Add(1)
+	}
+}
+
+// noteBreaker logs shard's circuit breaker opening or closing, with the
+// operations stuck in it at that moment. The owner calls it.
+func (t *Tier) noteBreaker(shard int, open bool, stuck int) {
+	if open {
+		t.log.Warn("tier: circuit breaker open: the filesystem holds operations past their deadlines; new keys fail fast but for one probe",
+			"shard", shard, "stuck", stuck, "threshold", t.opts.BreakerThreshold)
+		return
+	}
+	t.log.Info("tier: circuit breaker closed: a probe was answered in time", "shard", shard, "stuck", stuck)
+}
+
+// quarantineLogGap is the least time between two quarantine log lines: a
+// directory of damaged blocks must not flood the log. A line says how many
+// quarantines went unlogged before it.
+const quarantineLogGap = time.Second
+
+// noteQuarantine counts and logs a load's move of a corrupt block file
+// into the quarantine directory. rel is the block's path under the
+// namespace directory and dst the quarantine path (either may end in
+// NULs), cause why the load judged the block corrupt, and err the move's
+// failure (nil: moved). The engines call it once per move attempted; it is
+// safe from any goroutine.
+func (t *Tier) noteQuarantine(rel, dst []byte, cause, err error) {
+	c := &t.stats
+	if err == nil {
+		c.quarantined.Add(1)
+	} else {
+		c.quarantineFailed.Add(1)
+	}
+	now := time.Now().UnixNano()
+	last := c.quarantineLogAt.Load()
+	if now-last < int64(quarantineLogGap) || !c.quarantineLogAt.CompareAndSwap(last, now) {
+		c.quarantineQuiet.Add(1)
+		return
+	}
+	attrs := []any{
+		"path", filepath.Join(t.nsDir, string(trimNUL(rel))),
+		"quarantine", string(trimNUL(dst)),
+		"cause", cause,
+		"unlogged", c.quarantineQuiet.Swap(0),
+	}
+	if err != nil {
+		t.log.Error("tier: corrupt block could not be moved to the quarantine", append(attrs, "err", err)...)
+		return
+	}
+	t.log.Warn("tier: corrupt block moved to the quarantine", attrs...)
+}
+
+// trimNUL cuts b at its first NUL.
+func trimNUL(b []byte) []byte {
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		return b[:i]
+	}
+	return b
 }

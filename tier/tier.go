@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"log/slog"
 	"math/bits"
 	"os"
 	"path/filepath"
@@ -23,6 +24,7 @@ type Tier struct {
 	nsDir     string            // <root>/<namespace>, absolute
 	qDir      string            // where corrupt blocks found by loads go
 	engine    EngineInfo        // immutable after Open
+	log       *slog.Logger      // Options.Logger, or a silent one; immutable
 	seed      maphash.Seed      // key hashing; immutable
 	shards    []*shard          // one per ring (one for the sync engine); immutable after Open
 	ready     chan struct{}     // capacity 1: results are waiting
@@ -89,6 +91,7 @@ type request struct {
 	res        []KeyResult
 	cursor     []int32 // per shard: next key index that shard has not looked at
 	deadline   time.Time
+	submitted  time.Time    // when the submit call began: request latency and queue wait start here
 	remaining  atomic.Int32 // keys without an outcome + shards holding the request
 	firstMiss  atomic.Int32 // prefix-only: lowest index found missing, else len(keys)
 	canceled   atomic.Bool
@@ -146,7 +149,12 @@ func Open(dir string, opts Options) (*Tier, error) {
 		byID:    make(map[uint64]int32, opts.Depth),
 		done:    make([]doneEntry, 0, 2*opts.Depth),
 		closeCh: make(chan struct{}),
+		log:     opts.Logger,
 	}
+	if t.log == nil {
+		t.log = slog.New(slog.DiscardHandler)
+	}
+	t.log = t.log.With("dir", nsDir)
 	for i := range t.reqs {
 		t.free = append(t.free, int32(opts.Depth-1-i))
 	}
@@ -177,6 +185,9 @@ func (t *Tier) startEngine() error {
 		}
 	}
 	t.engine.Kind = kind
+	if t.engine.Fallback != "" {
+		t.log.Warn("tier: io_uring is unusable here: falling back to the sync engine", "reason", t.engine.Fallback)
+	}
 	t.engine.Direct, t.engine.NoDirect = probeDirect(t.nsDir, t.opts)
 	t.engine.Inline, t.engine.FS = inlineSafe(t.nsDir)
 	if err := t.allocBuffers(); err != nil {
@@ -192,6 +203,7 @@ func (t *Tier) startEngine() error {
 		}
 		t.shards = []*shard{newShard(t, 0, be)}
 		go t.shards[0].run()
+		t.logEngine()
 		return nil
 	}
 	t.engine.Rings = t.opts.Rings
@@ -215,7 +227,33 @@ func (t *Tier) startEngine() error {
 		return first
 	}
 	t.engine.Flags = t.shards[0].be.(*uringBackend).ring.Flags().String()
+	t.logEngine()
 	return nil
+}
+
+// logEngine logs the engine in force and why, and whether loads use
+// O_DIRECT and why not.
+func (t *Tier) logEngine() {
+	e := t.engine
+	why := "asked for (Options.Engine or " + EngineEnv + ")"
+	switch {
+	case e.Fallback != "":
+		why = "io_uring is unusable: " + e.Fallback
+	case t.opts.Engine == EngineAuto:
+		why = "auto: io_uring is usable here"
+	}
+	attrs := []any{"engine", e.Kind.String(), "why", why, "fs", e.FS}
+	if e.Kind == EngineURing {
+		attrs = append(attrs, "rings", e.Rings, "flags", e.Flags, "inline", e.Inline)
+	} else {
+		attrs = append(attrs, "workers", t.opts.SyncWorkers)
+	}
+	t.log.Info("tier: engine", attrs...)
+	if e.Direct {
+		t.log.Info("tier: loads use O_DIRECT")
+	} else {
+		t.log.Info("tier: loads read through the page cache", "why", e.NoDirect)
+	}
 }
 
 // Engine says which engine is in use and, for a fallback, why.
@@ -275,6 +313,7 @@ func (t *Tier) submit(id uint64, op Op, prefixOnly bool, keys [][]byte, bufs [][
 	if err := t.broken.Load(); err != nil {
 		return *err
 	}
+	start := time.Now()
 	if err := t.validate(op, keys, bufs); err != nil {
 		return err
 	}
@@ -319,7 +358,8 @@ func (t *Tier) submit(id uint64, op Op, prefixOnly bool, keys [][]byte, bufs [][
 	if op == OpLookup {
 		timeout = t.opts.LookupTimeout
 	}
-	r.deadline = time.Now().Add(timeout)
+	r.submitted = start
+	r.deadline = start.Add(timeout)
 	r.firstMiss.Store(int32(len(keys)))
 	r.canceled.Store(false)
 	t.stats.requests[op].Add(1)
@@ -371,7 +411,7 @@ func (t *Tier) validate(op Op, keys [][]byte, bufs [][]byte) error {
 // publishes the request.
 func (t *Tier) setKey(r *request, i int, st Status, err error) {
 	r.res[i] = KeyResult{Status: st, Err: err}
-	t.stats.outcomes[r.op][st].Add(1)
+	t.countOutcome(r.op, st, err)
 	if r.prefixOnly && !st.OK() {
 		for {
 			cur := r.firstMiss.Load()
@@ -403,6 +443,7 @@ func (t *Tier) drained() {
 }
 
 func (t *Tier) publish(r *request) {
+	t.stats.request[r.op].Record(time.Since(r.submitted))
 	t.mu.Lock()
 	r.published = true
 	t.done = append(t.done, doneEntry{slot: r.slot})
@@ -552,6 +593,7 @@ func (t *Tier) Close(ctx context.Context) error {
 	}
 	if stuck > 0 {
 		t.closeErr = fmt.Errorf("tier: close: %w: %d operations still held by the filesystem", ErrStuck, stuck)
+		t.log.Warn("tier: closed with operations stuck in the filesystem; their buffers and the rings are released when it answers", "stuck", stuck)
 	}
 	t.drained()
 	close(t.closeCh)

@@ -6,15 +6,19 @@ import (
 	"fmt"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/uringtier/uringtier/latency"
 	"github.com/uringtier/uringtier/tier"
 )
 
 // workload is what one benchmark run submits: an operation, a batch size,
 // and how to fill a batch's keys (and, for stores, its buffers).
 type workload struct {
-	name  string // lookup, load, store or populate
-	op    tier.Op
-	batch int
+	name   string // lookup, load, store, prefix or populate
+	op     tier.Op
+	prefix bool // lookups stop at the first miss (LookupPrefix)
+	batch  int
 	// fill sets keys[j] (and prepares bufs[j] for a store) for the next
 	// len(keys) keys. keys[j] may be kept by the caller: the tier copies
 	// keys at submit.
@@ -27,6 +31,10 @@ type limits struct {
 	keys     int64
 	duration time.Duration
 	progress func(done int64) // called after each polled result; may be nil
+	// interval, if not zero, is how often onInterval receives the
+	// figures of the interval just ended.
+	interval   time.Duration
+	onInterval func(intervalSample)
 }
 
 // inflight is one submitted batch, in the slot its request ID names.
@@ -57,9 +65,18 @@ type driver struct {
 	firstErr  error  // the first key that failed
 	submitErr error  // why submitting stopped early: a failed submit, or no slot left
 
+	start       time.Time       // when the workload began
 	deadline    time.Time       // with lim.keys == 0, when submitting stops
 	safety      *time.Timer     // wakes the wait when Ready stays quiet
 	interrupted <-chan struct{} // ctx.Done() until the interrupt has been handled, then nil
+	cpuStart    time.Duration   // the process's CPU time at the start
+	statsStart  tier.Stats      // the tier's counters at the start
+
+	// The interval being measured: its start, and the figures then.
+	ivStart time.Time
+	ivDone  int64
+	ivBytes int64
+	ivHist  latency.Counts
 }
 
 // drive runs w on tr with depth batches in flight until lim says stop,
@@ -68,17 +85,22 @@ type driver struct {
 // are seq × depth + slot, so a result names its slot without a map.
 func drive(ctx context.Context, tr *tier.Tier, w workload, depth int, bufs [][]byte, lim limits) *result {
 	d := newDriver(ctx, tr, w, depth, bufs, lim)
-	start := time.Now()
-	d.deadline = start.Add(lim.duration)
-	d.safety = time.NewTimer(time.Second)
+	d.start = time.Now()
+	d.ivStart = d.start
+	d.deadline = d.start.Add(lim.duration)
+	wake := time.Second
+	if lim.interval > 0 {
+		wake = min(wake, lim.interval)
+	}
+	d.safety = time.NewTimer(wake)
 	defer d.safety.Stop()
-	d.loop()
-	d.finish(start)
+	d.loop(wake)
+	d.finish()
 	return d.res
 }
 
 // newDriver sets up the slots, each with its keys and its share of bufs,
-// all free, and notes the tier's counters at the start.
+// all free, and notes the tier's counters and the CPU time at the start.
 func newDriver(ctx context.Context, tr *tier.Tier, w workload, depth int, bufs [][]byte, lim limits) *driver {
 	d := &driver{
 		ctx: ctx, tr: tr, w: w, depth: depth, lim: lim,
@@ -88,8 +110,7 @@ func newDriver(ctx context.Context, tr *tier.Tier, w workload, depth int, bufs [
 		results:     make([]tier.Result, depth),
 		interrupted: ctx.Done(),
 	}
-	st := tr.Stats()
-	d.res.startBusy, d.res.startShared = st.Busy, st.Shared
+	d.statsStart = tr.Stats()
 	for s := range d.slots {
 		d.slots[s].keys = make([][]byte, w.batch)
 		if bufs != nil {
@@ -99,12 +120,25 @@ func newDriver(ctx context.Context, tr *tier.Tier, w workload, depth int, bufs [
 	for s := depth - 1; s >= 0; s-- {
 		d.free = append(d.free, s)
 	}
+	d.cpuStart = cpuTime()
 	return d
+}
+
+// cpuTime returns the user and system CPU time of the whole process
+// (getrusage(2) RUSAGE_SELF): every thread, the tier's ring owners and
+// io_uring's kernel workers (io-wq threads belong to the process) among
+// them.
+func cpuTime() time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // loop submits into every free slot, waits for the tier, polls, and again,
 // until submitting has stopped and nothing is in flight.
-func (d *driver) loop() {
+func (d *driver) loop(wake time.Duration) {
 	for {
 		d.submitFree()
 		if d.inFlight == 0 && (!d.more(time.Now()) || len(d.free) == 0) {
@@ -113,8 +147,9 @@ func (d *driver) loop() {
 			}
 			return
 		}
-		d.wait()
+		d.wait(wake)
 		d.pollAll()
+		d.interval(time.Now(), false)
 	}
 }
 
@@ -176,12 +211,14 @@ func (d *driver) submitNext() bool {
 
 // submit hands one batch to the tier with the workload's operation.
 func (d *driver) submit(req uint64, keys, bufs [][]byte) error {
-	switch d.w.op {
-	case tier.OpLookup:
+	switch {
+	case d.w.op == tier.OpLookup && d.w.prefix:
+		return d.tr.LookupPrefix(req, keys)
+	case d.w.op == tier.OpLookup:
 		return d.tr.Lookup(req, keys)
-	case tier.OpLoad:
+	case d.w.op == tier.OpLoad:
 		return d.tr.Load(req, keys, bufs)
-	case tier.OpStore:
+	case d.w.op == tier.OpStore:
 		return d.tr.Store(req, keys, bufs)
 	}
 	return nil
@@ -194,11 +231,11 @@ func (d *driver) observe(longest *time.Duration, dur time.Duration) {
 	d.res.callerMax = max(d.res.callerMax, dur)
 }
 
-// wait blocks until the tier has results, a second has passed, or the
-// context is done; on the first interrupt it cancels every batch in
-// flight, so that polling drains them.
-func (d *driver) wait() {
-	d.safety.Reset(time.Second)
+// wait blocks until the tier has results, wake has passed, or the context
+// is done; on the first interrupt it cancels every batch in flight, so
+// that polling drains them.
+func (d *driver) wait(wake time.Duration) {
+	d.safety.Reset(wake)
 	select {
 	case <-d.tr.Ready():
 	case <-d.safety.C:
@@ -242,7 +279,9 @@ func (d *driver) complete(r tier.Result, now time.Time) {
 	if !sl.busy {
 		panic(fmt.Sprintf("tierbench: result for request %d in idle slot %d", r.Req, s))
 	}
-	d.res.latencies = append(d.res.latencies, now.Sub(sl.start))
+	lat := now.Sub(sl.start)
+	d.res.hist.Record(lat)
+	d.res.latencyMax = max(d.res.latencyMax, lat)
 	d.res.Batches++
 	d.account(r.Keys, sl.keys)
 	sl.busy = false
@@ -278,13 +317,52 @@ func (d *driver) account(results []tier.KeyResult, keys [][]byte) {
 	d.done += int64(len(results))
 }
 
-// finish records the elapsed time since start, the tier's counters since
-// newDriver, and the first error, then derives the rates and quantiles.
-func (d *driver) finish(start time.Time) {
-	res := d.res
-	res.elapsed = time.Since(start)
+// interval hands the figures of the interval that ended at now to
+// lim.onInterval, if one is due (or last: the workload's final stretch).
+func (d *driver) interval(now time.Time, last bool) {
+	if d.lim.interval == 0 || d.lim.onInterval == nil {
+		return
+	}
+	dt := now.Sub(d.ivStart)
+	// The last stretch, when the workload drains what is in flight, is
+	// reported when it holds keys and lasted at least half an interval:
+	// a window of results polled in a few milliseconds is not a rate.
+	if dt < d.lim.interval && !(last && d.done > d.ivDone && dt >= d.lim.interval/2) {
+		return
+	}
+	h := d.res.hist
+	h.Sub(&d.ivHist)
 	st := d.tr.Stats()
-	res.Busy, res.Shared = st.Busy-res.startBusy, st.Shared-res.startShared
+	sec := dt.Seconds()
+	d.lim.onInterval(intervalSample{
+		Type: "interval", Workload: d.w.name,
+		T: now.Sub(d.start).Seconds(), Seconds: sec,
+		Keys:        d.done - d.ivDone,
+		KeysPerSec:  float64(d.done-d.ivDone) / sec,
+		BytesPerSec: float64(d.res.bytes-d.ivBytes) / sec,
+		P50US:       us(h.Quantile(0.5)),
+		P99US:       us(h.Quantile(0.99)),
+		InFlight:    st.InFlight,
+		Queued:      st.Queued,
+		Batches:     d.inFlight,
+	})
+	d.ivStart, d.ivDone, d.ivBytes, d.ivHist = now, d.done, d.res.bytes, d.res.hist
+}
+
+// finish records the elapsed time since start, the CPU time, the tier's
+// counters since newDriver, and the first error, then derives the rates
+// and quantiles.
+func (d *driver) finish() {
+	res := d.res
+	now := time.Now()
+	res.elapsed = now.Sub(d.start)
+	res.cpu = cpuTime() - d.cpuStart
+	d.interval(now, true)
+	st := d.tr.Stats()
+	res.Busy, res.Shared = st.Busy-d.statsStart.Busy, st.Shared-d.statsStart.Shared
+	op := d.w.op
+	res.opHist = st.Latency[op]
+	res.opHist.Sub(&d.statsStart.Latency[op])
 	switch {
 	case d.submitErr != nil:
 		res.FirstError = d.submitErr.Error()

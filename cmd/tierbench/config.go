@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/dustin/go-humanize"
@@ -24,6 +26,7 @@ const (
 	defaultHitRatio    = 0.9
 	defaultLookupBatch = 1024
 	defaultIOBatch     = 16
+	defaultChain       = 16 // keys of a prefix lookup's chain
 	defaultOlderThan   = time.Hour
 )
 
@@ -32,6 +35,7 @@ const (
 type config struct {
 	stdout, stderr io.Writer
 	command        string
+	args           []string // the command line after the subcommand's name, for --jobs' processes
 	set            []string // names of the flags given on the command line
 
 	dir       string
@@ -45,9 +49,10 @@ type config struct {
 
 	// workloads
 	engine    string
-	batch     int
+	workloads string // run: the workloads, comma-separated
+	batch     perOp
 	hitRatio  float64
-	depth     int
+	depth     perOp
 	duration  time.Duration
 	keys      int64
 	direct    bool
@@ -58,6 +63,35 @@ type config struct {
 	maxSize   sizeFlag
 	lowSize   sizeFlag
 	repair    bool
+
+	// key distribution
+	dist      string  // uniform, zipf or hot
+	zipfS     float64 // zipf: the exponent s > 1
+	hotKeys   float64 // hot: the fraction of the data set that is hot
+	hotShare  float64 // hot: the fraction of accesses that go to it
+	chainKeys int     // prefix: keys per chain (the batch)
+
+	// tier options (0 or "": the tier's default)
+	rings            int
+	lookupOp         string
+	opsMax           int
+	workersMax       int
+	syncWorkers      int
+	cacheTTL         time.Duration
+	durability       string
+	breakerThreshold int
+	lookupTimeout    time.Duration
+	ioTimeout        time.Duration
+
+	// observing a run
+	interval    time.Duration // a line per interval; 0: none
+	metricsAddr string        // serve Prometheus metrics here during the run
+	plot        string        // draw the run into this PNG or SVG file
+	jobs        int           // processes, each with its own tier, on one directory
+	jobIndex    int           // in a job's process: its index; -1 in the parent
+
+	// report
+	input string // report: the JSON lines to read
 }
 
 func (c *config) isSet(name string) bool { return slices.Contains(c.set, name) }
@@ -87,8 +121,93 @@ func commonFlags(fs *flag.FlagSet, c *config) {
 	fs.BoolVar(&c.json, "json", false, "machine output: one JSON object per line")
 }
 
+// perOp is an integer per workload: "8" for every workload, or
+// "lookup=1024,load=16" for some, the rest taking their default.
+type perOp struct {
+	all    int            // for every workload not in by, if allSet
+	allSet bool           // all was given (or is the flag's default)
+	by     map[string]int // per workload name
+	text   string         // as given
+}
+
+func (p *perOp) String() string {
+	if p.text == "" && p.allSet {
+		return strconv.Itoa(p.all)
+	}
+	return p.text
+}
+
+func (p *perOp) Set(v string) error {
+	p.text, p.all, p.allSet, p.by = v, 0, false, nil
+	if n, err := strconv.Atoi(v); err == nil {
+		p.all, p.allSet = n, true
+		return nil
+	}
+	for _, part := range strings.Split(v, ",") {
+		name, num, ok := strings.Cut(part, "=")
+		n, err := strconv.Atoi(num)
+		if _, known := workloadOps[name]; !ok || err != nil || !known {
+			return fmt.Errorf("want N or workload=N,... (workloads: lookup, load, store, prefix): %q", v)
+		}
+		if p.by == nil {
+			p.by = map[string]int{}
+		}
+		p.by[name] = n
+	}
+	return nil
+}
+
+// get returns the value for workload, or def if none was given.
+func (p *perOp) get(workload string, def int) int {
+	if n, ok := p.by[workload]; ok {
+		return n
+	}
+	if p.allSet && p.all != 0 {
+		return p.all
+	}
+	return def
+}
+
+// values returns every value given.
+func (p *perOp) values() []int {
+	var v []int
+	if p.allSet {
+		v = append(v, p.all)
+	}
+	for _, n := range p.by {
+		v = append(v, n)
+	}
+	return v
+}
+
+// lookupOps names the io_uring lookup operations (--lookup-op).
+var lookupOps = map[string]tier.LookupOp{"statx": tier.LookupStatx, "mixed": tier.LookupMixed, "openpath": tier.LookupOpenPath}
+
+// durabilities names the store durabilities (--durability).
+var durabilities = map[string]blockstore.Durability{"none": blockstore.DurabilityNone, "data": blockstore.DurabilityData, "full": blockstore.DurabilityFull}
+
+// isWorkload reports whether the command runs workloads.
+func (c *config) isWorkload() bool {
+	switch c.command {
+	case "run", "lookup", "load", "store", "prefix":
+		return true
+	}
+	return false
+}
+
+// workloadNames returns the workloads the command runs, in order.
+func (c *config) workloadNames() []string {
+	if c.command != "run" {
+		return []string{c.command}
+	}
+	return strings.Split(c.workloads, ",")
+}
+
 // validate checks what flag parsing cannot: ranges and combinations.
 func (c *config) validate() error {
+	if c.command == "report" {
+		return nil
+	}
 	needDir := c.command != "run"
 	if needDir && c.dir == "" {
 		return usagef("--dir is required")
@@ -98,21 +217,30 @@ func (c *config) validate() error {
 			return usagef("--namespace %q: %v", c.namespace, err)
 		}
 	}
+	if c.isWorkload() {
+		if err := c.validateWorkload(); err != nil {
+			return err
+		}
+	}
 	switch c.command {
-	case "run", "lookup", "load", "store":
+	case "run", "lookup", "load", "store", "prefix":
 		if c.engine != "all" {
 			if _, err := tier.ParseEngine(c.engine); err != nil {
 				return usagef("--engine %q: want auto, uring, sync or all", c.engine)
 			}
 		}
-		if c.batch < 0 {
-			return usagef("--batch %d: want a positive number", c.batch)
+		for _, n := range c.batch.values() {
+			if n < 0 {
+				return usagef("--batch %d: want a positive number", n)
+			}
 		}
 		if c.hitRatio < 0 || c.hitRatio > 1 {
 			return usagef("--hit-ratio %g: want a fraction from 0 to 1", c.hitRatio)
 		}
-		if c.depth < 1 || c.depth > 1<<14 {
-			return usagef("--depth %d: want 1 to 16384", c.depth)
+		for _, n := range c.depth.values() {
+			if n < 1 || n > 1<<14 {
+				return usagef("--depth %d: want 1 to 16384", n)
+			}
 		}
 		if c.isSet("keys") && c.isSet("duration") {
 			return usagef("give --duration or --keys, not both")
@@ -127,8 +255,8 @@ func (c *config) validate() error {
 		if _, err := tier.ParseEngine(c.engine); err != nil {
 			return usagef("--engine %q: want auto, uring or sync", c.engine)
 		}
-		if c.depth < 1 {
-			return usagef("--depth %d: want a positive number", c.depth)
+		if c.depth.get("store", 1) < 1 || len(c.depth.by) > 0 {
+			return usagef("--depth %v: want a positive number", &c.depth)
 		}
 	case "evict":
 		if !c.isSet("max-size") {
@@ -149,6 +277,57 @@ func (c *config) validate() error {
 		if c.blockSize < 1 || c.blockSize > blockstore.PayloadSizeMax {
 			return usagef("--block-size %v: want 1 byte to 16GiB", &c.blockSize)
 		}
+	}
+	return nil
+}
+
+// validateWorkload checks the flags of the workload commands that are not
+// about the data set.
+func (c *config) validateWorkload() error {
+	for _, name := range c.workloadNames() {
+		if _, ok := workloadOps[name]; !ok {
+			return usagef("--workloads: unknown workload %q (want lookup, load, store or prefix)", name)
+		}
+	}
+	switch c.dist {
+	case "uniform":
+	case "zipf":
+		if c.zipfS <= 1 {
+			return usagef("--zipf-s %g: want more than 1", c.zipfS)
+		}
+	case "hot":
+		if c.hotKeys <= 0 || c.hotKeys >= 1 || c.hotShare < 0 || c.hotShare > 1 {
+			return usagef("--hot-keys %g, --hot-share %g: want a fraction above 0 and below 1, and a fraction from 0 to 1", c.hotKeys, c.hotShare)
+		}
+	default:
+		return usagef("--dist %q: want uniform, zipf or hot", c.dist)
+	}
+	if _, ok := lookupOps[c.lookupOp]; !ok {
+		return usagef("--lookup-op %q: want statx, mixed or openpath", c.lookupOp)
+	}
+	if _, ok := durabilities[c.durability]; !ok {
+		return usagef("--durability %q: want none, data or full", c.durability)
+	}
+	for name, v := range map[string]int{"rings": c.rings, "ops-max": c.opsMax, "workers-max": c.workersMax,
+		"sync-workers": c.syncWorkers, "breaker-threshold": c.breakerThreshold} {
+		if v < 0 {
+			return usagef("--%s %d: want a positive number (0: the tier's default)", name, v)
+		}
+	}
+	if c.cacheTTL < 0 || c.lookupTimeout < 0 || c.ioTimeout < 0 || c.interval < 0 {
+		return usagef("--cache-ttl, --lookup-timeout, --io-timeout and --interval must not be negative")
+	}
+	if c.interval > 0 && c.interval < 10*time.Millisecond {
+		return usagef("--interval %v: want 10ms or more", c.interval)
+	}
+	if c.jobs < 1 || c.jobs > 256 {
+		return usagef("--jobs %d: want 1 to 256", c.jobs)
+	}
+	if c.jobs > 1 && c.latency > 0 {
+		return usagef("--latency with --jobs: each job would mount its own FUSE; run the jobs without --latency")
+	}
+	if c.plot != "" && !strings.HasSuffix(c.plot, ".png") && !strings.HasSuffix(c.plot, ".svg") {
+		return usagef("--plot %q: want a .png or .svg file", c.plot)
 	}
 	return nil
 }

@@ -100,6 +100,62 @@ func writeManifest(dir, ns string, m manifest) error {
 	return os.Rename(tmp, path)
 }
 
+// distribution says how a workload picks keys from the data set
+// (--dist): uniform (every key in turn, in a random order), zipf (rank r
+// with probability ∝ 1/r^s) or hot (a share of the picks from a small set).
+type distribution struct {
+	name     string  // uniform, zipf or hot
+	zipfS    float64 // zipf's exponent s > 1
+	hotKeys  float64 // hot: the fraction of the keys that are hot
+	hotShare float64 // hot: the fraction of picks that go to them
+}
+
+func (d distribution) String() string {
+	switch d.name {
+	case "zipf":
+		return fmt.Sprintf("zipf s=%g", d.zipfS)
+	case "hot":
+		return fmt.Sprintf("hot %g%% of picks to %g%% of keys", 100*d.hotShare, 100*d.hotKeys)
+	}
+	return d.name
+}
+
+// picker picks indexes from 0..n-1 by a distribution.
+type picker struct {
+	d    distribution
+	n    int
+	rng  *rand.Rand
+	zipf *rand.Zipf
+	next int // uniform: the next index
+	hotN int // hot: indexes below hotN are hot
+}
+
+func newPicker(d distribution, n int, rng *rand.Rand) *picker {
+	p := &picker{d: d, n: n, rng: rng}
+	switch d.name {
+	case "zipf":
+		p.zipf = rand.NewZipf(rng, d.zipfS, 1, uint64(max(n-1, 0)))
+	case "hot":
+		p.hotN = min(max(int(d.hotKeys*float64(n)), 1), n)
+	}
+	return p
+}
+
+func (p *picker) pick() int {
+	switch p.d.name {
+	case "zipf":
+		return int(p.zipf.Uint64())
+	case "hot":
+		if p.hotN == p.n || p.rng.Float64() < p.d.hotShare {
+			return p.rng.IntN(p.hotN)
+		}
+		return p.hotN + p.rng.IntN(p.n-p.hotN)
+	}
+	i := p.next
+	p.next = (p.next + 1) % p.n
+	return i
+}
+
 // keySet is the keys a lookup or load workload draws from: present keys
 // from the populated range, missing keys from far outside it.
 type keySet struct {
@@ -108,7 +164,10 @@ type keySet struct {
 	seed    uint64
 	rng     *rand.Rand
 	hit     float64
-	p, m    int // next present and missing key
+	dist    distribution
+	keys    *picker // over present
+	chains  *picker // over chains of present keys, for prefix lookups
+	m       int     // next missing key
 }
 
 const (
@@ -118,11 +177,13 @@ const (
 
 // newKeySet precomputes the present keys, so that hashing is not measured
 // as the caller's time; missing keys are hashed on first use, then reused.
-// Keys are drawn in order; with more keys than one window of depth × batch,
-// no key is in flight twice (which would let lookups share operations).
-func newKeySet(m manifest, hit float64) *keySet {
+// With the uniform distribution keys are drawn in order; with more keys
+// than one window of depth × batch, no key is in flight twice (which would
+// let lookups share operations). The skewed distributions pick by rank in
+// the same random order, so hot keys are spread over the directories.
+func newKeySet(m manifest, hit float64, dist distribution) *keySet {
 	rng := rand.New(rand.NewPCG(m.Seed, 0x6b657973))
-	ks := &keySet{rng: rng, hit: hit, seed: m.Seed}
+	ks := &keySet{rng: rng, hit: hit, seed: m.Seed, dist: dist}
 	n := min(m.Blocks, presentMax)
 	var idx []uint64
 	if n == m.Blocks {
@@ -141,16 +202,21 @@ func newKeySet(m manifest, hit float64) *keySet {
 		mem = keyOf(mem, m.Seed, i)
 		ks.present = append(ks.present, mem[len(mem)-keySize:])
 	}
+	if len(ks.present) > 0 {
+		ks.keys = newPicker(dist, len(ks.present), rng)
+	}
 	return ks
 }
 
 // next returns the next key: present with probability hit.
 func (ks *keySet) next() []byte {
 	if len(ks.present) > 0 && (ks.hit >= 1 || ks.rng.Float64() < ks.hit) {
-		k := ks.present[ks.p]
-		ks.p = (ks.p + 1) % len(ks.present)
-		return k
+		return ks.present[ks.keys.pick()]
 	}
+	return ks.nextMissing()
+}
+
+func (ks *keySet) nextMissing() []byte {
 	if len(ks.missing) < missingMax {
 		k := keyOf(make([]byte, 0, keySize), ks.seed, missingBase+uint64(len(ks.missing)))
 		ks.missing = append(ks.missing, k)
@@ -159,4 +225,31 @@ func (ks *keySet) next() []byte {
 	k := ks.missing[ks.m]
 	ks.m = (ks.m + 1) % len(ks.missing)
 	return k
+}
+
+// chain fills keys with one chain, as an inference scheduler asks for a
+// prompt's blocks: the present keys are cut into chains of len(keys), one
+// is picked by the distribution, and its first k keys are asked for, the
+// rest being keys the data set lacks: k = len(keys) (the whole chain is
+// there) with probability hit, else k is uniform in 0..len(keys)-1.
+func (ks *keySet) chain(keys [][]byte) {
+	l := len(keys)
+	k := l
+	switch {
+	case len(ks.present) == 0:
+		k = 0
+	case ks.hit < 1 && ks.rng.Float64() >= ks.hit:
+		k = ks.rng.IntN(l)
+	}
+	if ks.chains == nil || ks.chains.n != max(len(ks.present)/l, 1) {
+		ks.chains = newPicker(ks.dist, max(len(ks.present)/l, 1), ks.rng)
+	}
+	start := ks.chains.pick() * l
+	for j := range keys {
+		if j < k {
+			keys[j] = ks.present[(start+j)%len(ks.present)]
+		} else {
+			keys[j] = ks.nextMissing()
+		}
+	}
 }

@@ -3,9 +3,15 @@
 // With no arguments it populates a temporary directory with a modest data set,
 // runs lookup, load and store workloads with every engine available on this
 // machine, prints one side-by-side table and removes the directory. The other
-// subcommands populate a real directory, run one workload against it, or run
-// the block store's maintenance (verify, clean, du, evict). Run
-// "tierbench -h" for the usage text.
+// subcommands populate a real directory, run one workload against it (lookup,
+// load, store, prefix), draw a run's JSON lines (report), or run the block
+// store's maintenance (verify, clean, du, evict). A workload can run in
+// several processes on one directory (--jobs), print a line per interval
+// (--interval), serve the tier's Prometheus metrics (--metrics-addr) and draw
+// itself (--plot). Run "tierbench -h" for the usage text.
+//
+// The flags stay the standard library's flag package: each subcommand's file
+// registers its FlagSet's flags, which a CLI library would not make clearer.
 //
 // Exit status: 0 on success, 1 on failure (an error, a key that failed, a
 // corrupt block left), 2 on bad usage.
@@ -47,6 +53,8 @@ var commands = []command{
 	{"lookup", "benchmark lookups against a populated directory", workloadFlags(false), cmdWorkload("lookup")},
 	{"load", "benchmark loads against a populated directory", workloadFlags(false), cmdWorkload("load")},
 	{"store", "benchmark stores of new blocks into a populated directory", workloadFlags(false), cmdWorkload("store")},
+	{"prefix", "benchmark prefix lookups: chains of keys, each request stopping at its first miss", workloadFlags(false), cmdWorkload("prefix")},
+	{"report", "summarize a --json output file and draw it (--plot out.png or .svg)", reportFlags, cmdReport},
 	{"verify", "checksum every block; exit status 1 if corrupt blocks remain", verifyFlags, cmdVerify},
 	{"clean", "remove temporary files left by writers that died", cleanFlags, cmdClean},
 	{"du", "blocks and bytes per namespace", nil, cmdDu},
@@ -85,24 +93,40 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 
-	c := &config{stdout: stdout, stderr: stderr, command: cmd.name}
+	c := &config{stdout: stdout, stderr: stderr, command: cmd.name, args: args}
 	fs := flag.NewFlagSet("tierbench "+cmd.name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // run prints errors and usage itself
 	commonFlags(fs, c)
 	if cmd.flags != nil {
 		cmd.flags(fs, c)
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			printUsage(stdout, cmd, fs)
-			return exitOK
+	// Flags may come before and after arguments (report FILE --plot x).
+	var positional []string
+	for rest := args; ; {
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				printUsage(stdout, cmd, fs)
+				return exitOK
+			}
+			fmt.Fprintf(stderr, "tierbench %s: %v\n\n", cmd.name, err)
+			printUsage(stderr, cmd, fs)
+			return exitUsage
 		}
-		fmt.Fprintf(stderr, "tierbench %s: %v\n\n", cmd.name, err)
+		if fs.NArg() == 0 {
+			break
+		}
+		positional = append(positional, fs.Arg(0))
+		rest = fs.Args()[1:]
+	}
+	switch {
+	case cmd.name == "report" && len(positional) == 1:
+		c.input = positional[0]
+	case cmd.name == "report":
+		fmt.Fprintf(stderr, "tierbench report: want one FILE.jsonl\n\n")
 		printUsage(stderr, cmd, fs)
 		return exitUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "tierbench %s: unexpected argument %q\n\n", cmd.name, fs.Arg(0))
+	case len(positional) > 0:
+		fmt.Fprintf(stderr, "tierbench %s: unexpected argument %q\n\n", cmd.name, positional[0])
 		printUsage(stderr, cmd, fs)
 		return exitUsage
 	}
@@ -142,6 +166,7 @@ func printUsage(w io.Writer, cmd *command, fs *flag.FlagSet) {
 Usage:
   tierbench [run] [flags]            populate a temporary directory (or --dir), benchmark, clean up
   tierbench <command> --dir D [flags]
+  tierbench report FILE.jsonl [--plot out.png]
 
 Commands:
 `)
@@ -157,6 +182,9 @@ Exit status: 0 success, 1 failure, 2 bad usage.
 	}
 	fmt.Fprintf(w, "Usage: tierbench %s [flags]\n\n%s.\n\nFlags:\n", cmd.name, capitalize(cmd.summary))
 	fs.VisitAll(func(f *flag.Flag) {
+		if hiddenFlags[f.Name] {
+			return
+		}
 		typ, help := flag.UnquoteUsage(f)
 		if typ != "" {
 			typ = " " + typ

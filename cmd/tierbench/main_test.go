@@ -17,6 +17,15 @@ import (
 	"github.com/uringtier/uringtier/uring"
 )
 
+// TestMain lets this test binary be a --jobs child process: tierbench
+// starts its jobs as os.Executable(), which in a test is this binary.
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
 // tiny is the tiny mode: a data set and workloads that take milliseconds.
 var tiny = []string{"--blocks", "40", "--block-size", "8KiB", "--keys", "96", "--batch", "8", "--depth", "3"}
 
@@ -141,6 +150,8 @@ func checkResultLine(t *testing.T, line string, engine, workload string, keys in
 		CallerMaxUS float64            `json:"caller_max_us"`
 		Missing     int64              `json:"missing"`
 		BlockSize   int64              `json:"block_size"`
+		CPUSeconds  float64            `json:"cpu_seconds"`
+		CPUUSPerKey float64            `json:"cpu_us_per_key"`
 	}
 	dec := json.NewDecoder(strings.NewReader(line))
 	require.NoError(t, dec.Decode(&r))
@@ -176,6 +187,8 @@ func checkResultLine(t *testing.T, line string, engine, workload string, keys in
 	assert.LessOrEqual(t, p999, mx)
 	assert.LessOrEqual(t, mx, r.Seconds*1e6, "a batch took longer than the run")
 	assert.Positive(t, r.CallerMaxUS)
+	assert.Positive(t, r.CPUSeconds, "cpu_seconds")
+	assert.InEpsilon(t, r.CPUSeconds*1e6/float64(r.Keys), r.CPUUSPerKey, 1e-6, "cpu_us_per_key")
 	assert.LessOrEqual(t, r.CallerMaxUS, r.Seconds*1e6)
 }
 

@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/dustin/go-humanize"
+	"github.com/schollz/progressbar/v3"
 	"golang.org/x/sys/unix"
+	"golang.org/x/term"
 
 	"github.com/uringtier/uringtier/tier"
 )
@@ -21,17 +24,36 @@ func printHeader(w io.Writer, s *session, pop *result) {
 	fmt.Fprintf(w, "data set: %s blocks of %s (%s) in %s, namespace %s; populated in %.1fs (%s/s, %s engine)\n",
 		humanize.Comma(int64(c.blocks)), humanize.IBytes(uint64(s.m.BlockSize)), humanize.IBytes(uint64(c.blocks)*uint64(s.m.BlockSize)),
 		s.backing, c.namespace, pop.Seconds, humanize.Bytes(uint64(pop.BytesPerSec)), pop.Engine)
-	batches := fmt.Sprintf("lookups %d keys per batch, loads and stores %d", s.batchFor(tier.OpLookup), s.batchFor(tier.OpLoad))
-	if c.batch > 0 {
-		batches = fmt.Sprintf("%d keys per batch", c.batch)
+	var batches, depths []string
+	for _, name := range c.workloadNames() {
+		batches = append(batches, fmt.Sprintf("%s %d", name, s.batchFor(name)))
+		depths = append(depths, fmt.Sprintf("%s %d", name, s.depthFor(name)))
 	}
-	fmt.Fprintf(w, "workloads: %s, %d batches in flight, hit ratio %.2f, %s\n\n", s.limitText(), c.depth, c.hitRatio, batches)
+	fmt.Fprintf(w, "workloads: %s, hit ratio %.2f, keys %s; keys per batch: %s; batches in flight: %s%s\n\n", s.limitText(), c.hitRatio, s.dist(),
+		strings.Join(batches, ", "), strings.Join(depths, ", "), s.jobsText())
 }
 
 // report prints the results (a table, or JSON lines) and the notes, and
-// turns failed keys into exit status 1.
+// turns failed keys into exit status 1. A job's process has sent its
+// results to the parent already, which reports them.
 func (s *session) report(rs []*result) error {
 	c := s.c
+	failed := false
+	for _, r := range rs {
+		failed = failed || r.Errors > 0
+	}
+	if s.child() {
+		for _, n := range s.notes {
+			s.live.send(struct {
+				Type string `json:"type"`
+				Text string `json:"text"`
+			}{"note", n})
+		}
+		if failed {
+			return errReported
+		}
+		return nil
+	}
 	if c.json {
 		enc := json.NewEncoder(c.stdout)
 		for _, r := range rs {
@@ -47,19 +69,23 @@ func (s *session) report(rs []*result) error {
 		fmt.Fprintln(c.stdout)
 		seen := map[string]bool{}
 		for _, r := range rs {
-			if !seen[r.Engine] {
-				seen[r.Engine] = true
-				fmt.Fprintln(c.stdout, engineLine(r.engineInfo))
+			if !seen[r.EngineLine] && r.EngineLine != "" {
+				seen[r.EngineLine] = true
+				fmt.Fprintln(c.stdout, r.EngineLine)
 			}
 		}
 		for _, n := range s.notes {
 			fmt.Fprintln(c.stdout, n)
 		}
 	}
-	failed := false
+	if c.plot != "" {
+		if err := writePlot(c.plot, s.intervals, rs); err != nil {
+			return fmt.Errorf("--plot: %w", err)
+		}
+		fmt.Fprintf(c.stderr, "tierbench: plot written to %s\n", c.plot)
+	}
 	for _, r := range rs {
-		if r.Errors > 0 {
-			failed = true
+		if r.Errors > 0 && (c.jobs <= 1 || r.Job >= 0) {
 			fmt.Fprintf(c.stderr, "tierbench: %s %s: %d keys failed; first: %s\n", r.Engine, r.Workload, r.Errors, r.FirstError)
 		}
 	}
@@ -69,22 +95,37 @@ func (s *session) report(rs []*result) error {
 	return nil
 }
 
-// printTable prints one row per engine × workload.
+// printTable prints one row per engine × workload (× job, with --jobs).
 func printTable(w io.Writer, rs []*result) {
+	jobs := false
+	for _, r := range rs {
+		jobs = jobs || r.Jobs > 1 || r.Job > 0
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "engine  \tworkload\tbatch\tkeys\tkeys/s\tbytes/s\thit\tp50\tp99\tp99.9\tmax\tcaller max\terrors\t")
+	job := ""
+	if jobs {
+		job = "job\t"
+	}
+	fmt.Fprintln(tw, "engine  \tworkload\t"+job+"batch\tkeys\tkeys/s\tbytes/s\thit\tp50\tp99\tp99.9\tmax\tcaller max\tcpu/key\terrors\t")
 	for _, r := range rs {
 		rate := "-"
-		if r.Workload != "lookup" {
+		if workloadOps[r.Workload] != tier.OpLookup {
 			rate = humanize.Bytes(uint64(r.BytesPerSec)) + "/s"
 		}
 		hit := "-"
 		if r.Keys > 0 && r.Workload != "store" && r.Workload != "populate" {
 			hit = fmt.Sprintf("%.0f%%", 100*float64(r.Found)/float64(r.Keys))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n",
-			fmt.Sprintf("%-8s", r.Engine), fmt.Sprintf("%-8s", r.Workload), r.Batch, humanize.Comma(r.Keys), humanize.Comma(int64(r.KeysPerSec)), rate, hit,
-			dur(r.LatencyUS.P50), dur(r.LatencyUS.P99), dur(r.LatencyUS.P999), dur(r.LatencyUS.Max), dur(r.CallerMaxUS), r.Errors)
+		job := ""
+		if jobs {
+			job = strconv.Itoa(r.Job) + "\t"
+			if r.Job < 0 {
+				job = "all\t"
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n",
+			fmt.Sprintf("%-8s", r.Engine), fmt.Sprintf("%-8s", r.Workload), job, r.Batch, humanize.Comma(r.Keys), humanize.Comma(int64(r.KeysPerSec)), rate, hit,
+			dur(r.LatencyUS.P50), dur(r.LatencyUS.P99), dur(r.LatencyUS.P999), dur(r.LatencyUS.Max), dur(r.CallerMaxUS), dur(r.CPUUSPerKey), r.Errors)
 	}
 	tw.Flush()
 }
@@ -93,6 +134,8 @@ func printTable(w io.Writer, rs []*result) {
 func dur(us float64) string {
 	d := time.Duration(us * 1e3)
 	switch {
+	case d < 10*time.Microsecond:
+		return fmt.Sprintf("%.2fµs", us)
 	case d < time.Millisecond:
 		return fmt.Sprintf("%.0fµs", us)
 	case d < 10*time.Millisecond:
@@ -128,52 +171,97 @@ func engineLine(e tier.EngineInfo) string {
 	return b.String()
 }
 
-// progress draws a bar on a terminal; elsewhere it does nothing.
+// liveOutput writes what a run says while it runs: --interval lines, and
+// in a job's process every object the parent reads.
+type liveOutput struct {
+	s   *session
+	enc *json.Encoder
+}
+
+// send writes v as one JSON line to stdout.
+func (l *liveOutput) send(v any) {
+	if l.enc == nil {
+		l.enc = json.NewEncoder(l.s.c.stdout)
+	}
+	l.enc.Encode(v)
+}
+
+// interval keeps an interval's figures for the plot and prints them if
+// --interval asks: a line, or with --json (and in a job's process) an
+// object.
+func (s *session) interval(smp intervalSample) {
+	s.intervals = append(s.intervals, smp)
+	switch {
+	case s.child():
+		s.live.send(smp)
+	case s.c.interval == 0:
+	case s.c.json:
+		s.live.send(smp)
+	default:
+		fmt.Fprintln(s.c.stdout, intervalLine(smp, s.c.jobs > 1))
+	}
+}
+
+// intervalLine is an interval's figures for people.
+func intervalLine(smp intervalSample, jobs bool) string {
+	job := ""
+	if jobs {
+		job = fmt.Sprintf("job %d ", smp.Job)
+	}
+	rate := "-"
+	if workloadOps[smp.Workload] != tier.OpLookup {
+		rate = humanize.Bytes(uint64(smp.BytesPerSec)) + "/s"
+	}
+	return fmt.Sprintf("[%6.1fs] %s%-5s %-8s %12s keys/s %12s  p50 %-8s p99 %-8s in flight %s ops, %d batches",
+		smp.T, job, smp.Engine, smp.Workload, humanize.Comma(int64(smp.KeysPerSec)), rate, dur(smp.P50US), dur(smp.P99US),
+		humanize.Comma(int64(smp.InFlight)), smp.Batches)
+}
+
+// emit sends a finished result to the parent, in a job's process.
+func (s *session) emit(r *result) {
+	if s.child() {
+		s.live.send(r)
+	}
+}
+
+// progress draws a bar (schollz/progressbar) on a terminal; elsewhere it
+// does nothing.
 type progress struct {
-	w     io.Writer // nil: disabled
-	total int64
-	label string
-	start time.Time
-	last  time.Time
+	bar *progressbar.ProgressBar // nil: disabled
 }
 
 func newProgress(w io.Writer, total int64, label string, enabled bool) *progress {
-	p := &progress{total: total, label: label, start: time.Now()}
-	if enabled && isTerminal(w) {
-		p.w = w
+	if !enabled || !isTerminal(w) {
+		return &progress{}
 	}
-	return p
+	return &progress{bar: progressbar.NewOptions64(total,
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetDescription(label),
+		progressbar.OptionShowCount(),
+		progressbar.OptionShowIts(),
+		progressbar.OptionSetItsString("blocks"),
+		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionClearOnFinish(),
+		progressbar.OptionSetPredictTime(true),
+	)}
 }
 
 func (p *progress) update(done int64) {
-	if p.w == nil {
-		return
+	if p.bar != nil {
+		p.bar.Set64(done)
 	}
-	now := time.Now()
-	if now.Sub(p.last) < 100*time.Millisecond && done < p.total {
-		return
-	}
-	p.last = now
-	const width = 30
-	fill := int(int64(width) * done / max(p.total, 1))
-	fmt.Fprintf(p.w, "\r%s [%s%s] %3d%% %s/%s", p.label, strings.Repeat("#", fill), strings.Repeat(".", width-fill),
-		100*done/max(p.total, 1), humanize.Comma(done), humanize.Comma(p.total))
 }
 
 func (p *progress) finish() {
-	if p.w != nil {
-		fmt.Fprint(p.w, "\r\033[K")
+	if p.bar != nil {
+		p.bar.Finish()
 	}
 }
 
-// isTerminal reports whether w is a terminal (TCGETS succeeds on it).
+// isTerminal reports whether w is a terminal.
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-	return err == nil
+	return ok && term.IsTerminal(int(f.Fd()))
 }
 
 // syncFS writes dirty data back before caches are dropped.

@@ -17,7 +17,8 @@ func populateFlags(fs *flag.FlagSet, c *config) {
 	fs.IntVar(&c.blocks, "blocks", defaultBlocks, "number of blocks to write")
 	fs.Var(&c.blockSize, "block-size", "payload size of every block")
 	fs.Uint64Var(&c.seed, "seed", 1, "key i is SHA-256(seed || i), both little-endian uint64")
-	fs.IntVar(&c.depth, "depth", defaultDepth, "batches in flight")
+	c.depth = perOp{all: defaultDepth, allSet: true}
+	fs.Var(&c.depth, "depth", "batches in flight")
 	fs.StringVar(&c.engine, "engine", "auto", "engine that writes: auto, uring or sync")
 }
 
@@ -26,7 +27,8 @@ func cmdPopulate(ctx context.Context, c *config) error {
 	if err := os.MkdirAll(c.dir, 0o755); err != nil {
 		return err
 	}
-	s := &session{c: c, backing: c.dir, root: c.dir}
+	s := newSession(c, c.dir)
+	s.root = c.dir
 	r, err := s.populate(ctx)
 	if err != nil {
 		return err
@@ -58,7 +60,7 @@ func (s *session) populate(ctx context.Context) (*result, error) {
 		return nil, fmt.Errorf("namespace %s in %s already holds a data set of seed %d and %s blocks: use another --namespace or directory",
 			c.namespace, s.backing, old.Seed, humanize.IBytes(uint64(old.BlockSize)))
 	}
-	s.m = want // Blocks counts up from 0 as stores are filled
+	s.setManifest(want) // stores write from key 0 on
 	kind := tier.EngineAuto
 	if c.engine != "all" {
 		kind, _ = tier.ParseEngine(c.engine)
@@ -66,20 +68,21 @@ func (s *session) populate(ctx context.Context) (*result, error) {
 	batch := defaultIOBatch
 	saved := s.root
 	s.root = s.backing // populate never goes through the FUSE latency
-	tr, err := s.openTier(kind, c.depth, batch, c.depth*batch)
+	depth := s.depthFor("store")
+	tr, err := s.openTier(kind, depth, batch, depth*batch)
 	s.root = saved
 	if err != nil {
 		return nil, err
 	}
 	defer closeTier(tr)
 	bar := newProgress(c.stderr, int64(c.blocks), "populate", !c.json)
-	r := drive(ctx, tr, s.storeWorkload("populate", batch), c.depth, tr.Buffers(), limits{keys: int64(c.blocks), progress: bar.update})
+	r := drive(ctx, tr, s.storeWorkload("populate", batch, 0, 1), depth, tr.Buffers(), limits{keys: int64(c.blocks), progress: bar.update})
 	bar.finish()
-	r.Engine, r.engineInfo, r.Dir = tr.Engine().Kind.String(), tr.Engine(), s.backing
+	r.Engine, r.EngineLine, r.Dir = tr.Engine().Kind.String(), engineLine(tr.Engine()), s.backing
 	if err := closeTier(tr); err != nil {
 		return r, err
 	}
-	s.m.Blocks = max(s.m.Blocks, old.Blocks)
+	s.setManifest(manifest{Seed: want.Seed, BlockSize: want.BlockSize, Blocks: max(s.stored, old.Blocks)})
 	if err := writeManifest(s.backing, c.namespace, s.m); err != nil {
 		return r, err
 	}

@@ -1,14 +1,14 @@
 package main
 
 import (
-	"slices"
 	"time"
 
-	"github.com/uringtier/uringtier/tier"
+	"github.com/uringtier/uringtier/latency"
 )
 
-// result is one engine × workload measurement. The JSON fields up to
-// caller_max_us are the documented interface; later ones may be added to.
+// result is one engine × workload measurement, of one job or of all jobs.
+// The JSON fields up to caller_max_us are the documented interface; later
+// ones may be added to.
 type result struct {
 	Engine      string    `json:"engine"`
 	Workload    string    `json:"workload"`
@@ -33,19 +33,44 @@ type result struct {
 	SubmitMaxUS float64   `json:"submit_max_us"`
 	PollMaxUS   float64   `json:"poll_max_us"`
 	FirstError  string    `json:"first_error,omitempty"`
-	engineInfo  tier.EngineInfo
-	latencies   []time.Duration
-	callerMax   time.Duration // the longer of submitMax and pollMax
-	submitMax   time.Duration // the longest Lookup, Load or Store call
-	pollMax     time.Duration // the longest Poll call
-	elapsed     time.Duration
-	bytes       int64
-	startBusy   uint64
-	startShared uint64
+	Type        string    `json:"type"` // "result"
+	// Job is the job's index with --jobs, -1 on a row that sums Jobs jobs.
+	Job  int    `json:"job"`
+	Jobs int    `json:"jobs"`
+	Dist string `json:"dist"`
+	// EngineLine says what the engine had in force (engineLine).
+	EngineLine string `json:"engine_line"`
+	// CPU time of the whole process (user + system, io_uring's kernel
+	// workers included) while the workload ran, per key and per payload
+	// byte moved.
+	CPUSeconds   float64 `json:"cpu_seconds"`
+	CPUUSPerKey  float64 `json:"cpu_us_per_key"`
+	CPUNSPerByte float64 `json:"cpu_ns_per_byte"`
+	// OpLatencyUS is the tier's own figure: one key operation in the
+	// kernel (or a sync worker), from its start to its completion.
+	OpLatencyUS latencyUS `json:"op_latency_us"`
+	// LatencyHist is the batch latency histogram behind latency_us, as
+	// [lower bound ns, count] pairs (latency.Counts), so that runs and
+	// jobs can be merged.
+	LatencyHist *latency.Counts `json:"latency_hist"`
+	// OpLatencyHist is the histogram behind op_latency_us.
+	OpLatencyHist *latency.Counts `json:"op_latency_hist"`
+
+	hist       latency.Counts // batch latencies: submit call to the Poll that returned the result
+	opHist     latency.Counts // the tier's kernel operation latencies during the workload
+	latencyMax time.Duration  // the longest batch, exactly
+	callerMax  time.Duration  // the longer of submitMax and pollMax
+	submitMax  time.Duration  // the longest Lookup, Load or Store call
+	pollMax    time.Duration  // the longest Poll call
+	elapsed    time.Duration
+	cpu        time.Duration
+	bytes      int64
 }
 
-// latencyUS is a batch latency distribution in microseconds: from the
-// submit call to the Poll call that returned the batch's result.
+// latencyUS is a latency distribution in microseconds: for batches, from
+// the submit call to the Poll call that returned the batch's result.
+// Quantiles are within latency.ErrorBound (1/64) of the exact ones; Max
+// is exact where the run measured it, else within the same bound.
 type latencyUS struct {
 	P50  float64 `json:"p50"`
 	P99  float64 `json:"p99"`
@@ -53,8 +78,28 @@ type latencyUS struct {
 	Max  float64 `json:"max"`
 }
 
+func quantiles(h *latency.Counts, exactMax time.Duration) latencyUS {
+	if h.Total() == 0 {
+		return latencyUS{}
+	}
+	mx := exactMax
+	if mx == 0 {
+		mx = h.Max()
+	}
+	return latencyUS{
+		P50:  us(min(h.Quantile(0.50), mx)),
+		P99:  us(min(h.Quantile(0.99), mx)),
+		P999: us(min(h.Quantile(0.999), mx)),
+		Max:  us(mx),
+	}
+}
+
 // finish computes the derived figures.
 func (r *result) finish() {
+	r.Type = "result"
+	if r.Jobs == 0 {
+		r.Jobs = 1
+	}
 	r.Seconds = r.elapsed.Seconds()
 	if r.Seconds > 0 {
 		r.KeysPerSec = float64(r.Keys) / r.Seconds
@@ -62,22 +107,34 @@ func (r *result) finish() {
 	}
 	r.CallerMaxUS = us(r.callerMax)
 	r.SubmitMaxUS, r.PollMaxUS = us(r.submitMax), us(r.pollMax)
-	if len(r.latencies) == 0 {
-		return
+	r.CPUSeconds = r.cpu.Seconds()
+	if r.Keys > 0 {
+		r.CPUUSPerKey = us(r.cpu) / float64(r.Keys)
 	}
-	slices.Sort(r.latencies)
-	r.LatencyUS = latencyUS{
-		P50:  us(quantile(r.latencies, 0.50)),
-		P99:  us(quantile(r.latencies, 0.99)),
-		P999: us(quantile(r.latencies, 0.999)),
-		Max:  us(r.latencies[len(r.latencies)-1]),
+	if r.bytes > 0 {
+		r.CPUNSPerByte = float64(r.cpu.Nanoseconds()) / float64(r.bytes)
 	}
+	r.LatencyUS = quantiles(&r.hist, r.latencyMax)
+	r.OpLatencyUS = quantiles(&r.opHist, 0)
+	r.LatencyHist, r.OpLatencyHist = &r.hist, &r.opHist
 }
 
-// quantile is the nearest-rank quantile q of sorted.
-func quantile(sorted []time.Duration, q float64) time.Duration {
-	i := int(q*float64(len(sorted))+0.999999) - 1
-	return sorted[max(0, min(i, len(sorted)-1))]
+// intervalSample is the figures of one interval of a workload (--interval).
+type intervalSample struct {
+	Type        string  `json:"type"` // "interval"
+	Engine      string  `json:"engine"`
+	Workload    string  `json:"workload"`
+	Job         int     `json:"job"`
+	T           float64 `json:"t"`       // seconds from the workload's start to the interval's end
+	Seconds     float64 `json:"seconds"` // the interval's length
+	Keys        int64   `json:"keys"`    // keys polled in the interval
+	KeysPerSec  float64 `json:"keys_per_sec"`
+	BytesPerSec float64 `json:"bytes_per_sec"`
+	P50US       float64 `json:"p50_us"` // batch latency of the batches polled in the interval
+	P99US       float64 `json:"p99_us"`
+	InFlight    int     `json:"in_flight"`         // the tier's key operations in flight at the interval's end
+	Queued      int     `json:"queued"`            // requests waiting for operation slots then
+	Batches     int     `json:"batches_in_flight"` // batches submitted and not yet polled then
 }
 
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }

@@ -8,7 +8,21 @@ import (
 
 // cmdRun is the default: populate, then every workload with every engine.
 func cmdRun(ctx context.Context, c *config) (err error) {
-	s := &session{c: c, backing: c.dir}
+	s := newSession(c, c.dir)
+	if s.child() {
+		// One of --jobs: the parent has populated --dir.
+		m, err := readManifest(c.dir, c.namespace)
+		if err != nil {
+			return err
+		}
+		s.root = c.dir
+		s.setManifest(m)
+		all, err := s.runWorkloads(ctx, c.workloadNames())
+		if err != nil {
+			return err
+		}
+		return s.interrupted(ctx, s.report(all))
+	}
 	if s.backing == "" {
 		s.backing, err = os.MkdirTemp("", "tierbench-")
 		if err != nil {
@@ -34,7 +48,7 @@ func cmdRun(ctx context.Context, c *config) (err error) {
 	if !c.json {
 		printHeader(c.stdout, s, pop)
 	}
-	all, err := s.runEngines(ctx, []string{"lookup", "load", "store"})
+	all, err := s.runWorkloads(ctx, c.workloadNames())
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -16,13 +17,33 @@ import (
 
 // session is one invocation's data set and where the tier reaches it.
 type session struct {
-	c       *config
-	backing string   // the directory holding the data (--dir or a temporary one)
-	root    string   // where tiers open it: backing, or the FUSE mountpoint under --latency
-	m       manifest // the data set; m.Blocks grows as stores add blocks
-	notes   []string // said once, after the table
-	cold    bool     // caches were dropped before the last workload
+	c         *config
+	backing   string   // the directory holding the data (--dir or a temporary one)
+	root      string   // where tiers open it: backing, or the FUSE mountpoint under --latency
+	m         manifest // the data set; m.Blocks grows as stores add blocks
+	storeBase uint64   // the first key index stores write: m.Blocks when the session began storing
+	stored    uint64   // keys the session's stores have filled
+	notes     []string // said once, after the table
+	cold      bool     // caches were dropped before the last workload
+	metrics   *tierMetrics
+	live      *liveOutput // --interval lines; the results as they come, in a job's process
+	intervals []intervalSample
+	barrierIn *bufio.Reader // a job's process: the parent's go-ahead for each workload
 }
+
+func newSession(c *config, backing string) *session {
+	s := &session{c: c, backing: backing, metrics: &tierMetrics{}}
+	s.live = &liveOutput{s: s}
+	return s
+}
+
+// setManifest makes m the data set; stores write keys from m.Blocks on.
+func (s *session) setManifest(m manifest) {
+	s.m, s.storeBase, s.stored = m, m.Blocks, 0
+}
+
+// child reports whether this process is one of --jobs.
+func (s *session) child() bool { return s.c.jobIndex >= 0 }
 
 func (s *session) note(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
@@ -47,16 +68,20 @@ func (s *session) engines() []tier.EngineKind {
 	return []tier.EngineKind{tier.EngineURing, tier.EngineSync}
 }
 
-func (s *session) batchFor(op tier.Op) int {
-	switch {
-	case s.c.batch > 0:
-		return s.c.batch
-	case op == tier.OpLookup:
-		return defaultLookupBatch
-	default:
-		return defaultIOBatch
+// batchFor returns the batch size of the named workload.
+func (s *session) batchFor(name string) int {
+	def := defaultIOBatch
+	if workloadOps[name] == tier.OpLookup {
+		def = defaultLookupBatch
 	}
+	if name == "prefix" {
+		def = defaultChain
+	}
+	return s.c.batch.get(name, def)
 }
+
+// depthFor returns the batches in flight of the named workload.
+func (s *session) depthFor(name string) int { return s.c.depth.get(name, defaultDepth) }
 
 func (s *session) limits() limits {
 	if s.c.keys > 0 {
@@ -72,17 +97,42 @@ func (s *session) limitText() string {
 	return fmt.Sprintf("%v per workload", s.c.duration)
 }
 
+// intervalEvery returns how often a workload reports an interval: --interval,
+// or, for --plot alone, often enough to draw a curve.
+func (s *session) intervalEvery() time.Duration {
+	switch {
+	case s.c.interval > 0:
+		return s.c.interval
+	case s.c.plot != "" && s.c.keys > 0:
+		return 250 * time.Millisecond
+	case s.c.plot != "":
+		return min(max(s.c.duration/40, 50*time.Millisecond), time.Second)
+	}
+	return 0
+}
+
 // openTier opens a tier of the given engine on s.root with bufs aligned
 // buffers, filled with pseudo-random bytes for stores.
 func (s *session) openTier(kind tier.EngineKind, depth, batch, bufs int) (*tier.Tier, error) {
+	c := s.c
 	tr, err := tier.Open(s.root, tier.Options{
-		BlockSize: s.m.BlockSize,
-		Namespace: s.c.namespace,
-		Engine:    kind,
-		Depth:     depth,
-		BatchMax:  max(batch, 4096),
-		NoDirect:  !s.c.direct,
-		Buffers:   bufs,
+		BlockSize:        s.m.BlockSize,
+		Namespace:        c.namespace,
+		Engine:           kind,
+		Depth:            depth,
+		BatchMax:         max(batch, 4096),
+		NoDirect:         !c.direct,
+		Buffers:          bufs,
+		Rings:            c.rings,
+		Lookup:           lookupOps[c.lookupOp],
+		OpsMax:           c.opsMax,
+		WorkersMax:       c.workersMax,
+		SyncWorkers:      c.syncWorkers,
+		LookupCacheTTL:   c.cacheTTL,
+		Durability:       durabilities[c.durability],
+		BreakerThreshold: c.breakerThreshold,
+		LookupTimeout:    c.lookupTimeout,
+		IOTimeout:        c.ioTimeout,
 	})
 	if err != nil {
 		return nil, err

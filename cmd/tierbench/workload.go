@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"strings"
 
 	"github.com/dustin/go-humanize"
 
@@ -11,7 +12,7 @@ import (
 )
 
 // workloadFlags registers the flags of run (withData: it also populates)
-// and of lookup, load and store.
+// and of lookup, load, store and prefix.
 func workloadFlags(withData bool) func(*flag.FlagSet, *config) {
 	return func(fs *flag.FlagSet, c *config) {
 		if withData {
@@ -20,22 +21,49 @@ func workloadFlags(withData bool) func(*flag.FlagSet, *config) {
 			fs.Var(&c.blockSize, "block-size", "payload size of every block")
 			fs.Uint64Var(&c.seed, "seed", 1, "key i is SHA-256(seed || i)")
 			fs.BoolVar(&c.keep, "keep", false, "keep the temporary directory (with no --dir)")
+			fs.StringVar(&c.workloads, "workloads", "lookup,load,store", "the workloads to run, in order: lookup, load, store, prefix")
 		}
 		engine := "auto"
 		if withData {
 			engine = "all"
 		}
 		fs.StringVar(&c.engine, "engine", engine, "auto, uring, sync, or all (every engine available here)")
-		fs.IntVar(&c.batch, "batch", 0, fmt.Sprintf("keys per batch (default %d for lookups, %d for loads and stores)", defaultLookupBatch, defaultIOBatch))
-		fs.Float64Var(&c.hitRatio, "hit-ratio", defaultHitRatio, "fraction of lookup and load keys drawn from the populated range; the rest are missing")
-		fs.IntVar(&c.depth, "depth", defaultDepth, "batches in flight (submitted, not yet polled)")
+		fs.Var(&c.batch, "batch", fmt.Sprintf("keys per batch: N, or per workload as lookup=N,load=N,... (default %d for lookups and prefix chains, %d for loads and stores)", defaultLookupBatch, defaultIOBatch))
+		fs.Float64Var(&c.hitRatio, "hit-ratio", defaultHitRatio, "fraction of lookup and load keys drawn from the populated range; the rest are missing (prefix: the fraction of chains present whole)")
+		c.depth = perOp{all: defaultDepth, allSet: true}
+		fs.Var(&c.depth, "depth", "batches in flight (submitted, not yet polled): N, or per workload as lookup=N,load=N,...")
 		fs.DurationVar(&c.duration, "duration", defaultDuration, "how long each workload submits")
 		fs.Int64Var(&c.keys, "keys", 0, "run each workload for this many keys instead of --duration")
 		fs.BoolVar(&c.direct, "direct", true, "load with O_DIRECT where the filesystem allows (io_uring engine); --direct=false reads through the page cache")
 		fs.BoolVar(&c.cold, "cold", false, "drop the page and dentry caches before each workload (root only)")
 		fs.DurationVar(&c.latency, "latency", 0, "serve --dir through a FUSE pass-through adding this latency to every operation (root, /dev/fuse, fusermount3)")
+
+		fs.StringVar(&c.dist, "dist", "uniform", "key distribution: uniform (each key in turn), zipf (--zipf-s), hot (--hot-keys, --hot-share)")
+		fs.Float64Var(&c.zipfS, "zipf-s", 1.1, "zipf: the skew s > 1 (rank r is picked with probability ∝ 1/r^s)")
+		fs.Float64Var(&c.hotKeys, "hot-keys", 0.1, "hot: the fraction of the data set that is hot")
+		fs.Float64Var(&c.hotShare, "hot-share", 0.9, "hot: the fraction of picks that go to the hot keys")
+
+		fs.IntVar(&c.rings, "rings", 0, "tier option Rings: io_uring instances (0: the tier's default, GOMAXPROCS/2 from 1 to 4)")
+		fs.StringVar(&c.lookupOp, "lookup-op", "statx", "tier option Lookup: the io_uring lookup operation, statx, mixed or openpath")
+		fs.IntVar(&c.opsMax, "ops-max", 0, "tier option OpsMax: key operations in flight per ring (0: 1024)")
+		fs.IntVar(&c.workersMax, "workers-max", 0, "tier option WorkersMax: kernel worker threads per ring (0: 64)")
+		fs.IntVar(&c.syncWorkers, "sync-workers", 0, "tier option SyncWorkers: the sync engine's goroutines (0: 16)")
+		fs.DurationVar(&c.cacheTTL, "cache-ttl", 0, "tier option LookupCacheTTL: answer a lookup from memory this long (0: no cache)")
+		fs.StringVar(&c.durability, "durability", "none", "tier option Durability of stores: none, data (fsync the file) or full (and its directory)")
+		fs.IntVar(&c.breakerThreshold, "breaker-threshold", 0, "tier option BreakerThreshold: stuck operations that open the breaker (0: 64)")
+		fs.DurationVar(&c.lookupTimeout, "lookup-timeout", 0, "tier option LookupTimeout (0: 5s)")
+		fs.DurationVar(&c.ioTimeout, "io-timeout", 0, "tier option IOTimeout for loads and stores (0: 30s)")
+
+		fs.DurationVar(&c.interval, "interval", 0, "print a line every interval (keys/s, bytes/s, p50, p99, in flight); with --json, an object")
+		fs.StringVar(&c.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics during the run (e.g. :9090; with --jobs, job j on port+j)")
+		fs.StringVar(&c.plot, "plot", "", "draw throughput and latency over time and the latency distributions into this .png or .svg file")
+		fs.IntVar(&c.jobs, "jobs", 1, "processes, each with its own tier, on the one directory (as tensor-parallel ranks or servers sharing it)")
+		fs.IntVar(&c.jobIndex, "job-index", -1, "")
 	}
 }
+
+// hiddenFlags are set by tierbench for its own child processes.
+var hiddenFlags = map[string]bool{"job-index": true}
 
 // cmdWorkload runs one workload against a populated --dir.
 func cmdWorkload(name string) func(context.Context, *config) error {
@@ -44,22 +72,38 @@ func cmdWorkload(name string) func(context.Context, *config) error {
 		if err != nil {
 			return err
 		}
-		s := &session{c: c, backing: c.dir, root: c.dir, m: m}
-		if !c.json {
-			fmt.Fprintf(c.stdout, "tierbench %s: %s in %s (namespace %s): %s blocks of %s\n", name, s.limitText(), c.dir, c.namespace,
-				humanize.Comma(int64(m.Blocks)), humanize.IBytes(uint64(m.BlockSize)))
+		s := newSession(c, c.dir)
+		s.root = c.dir
+		s.setManifest(m)
+		if !c.json && !s.child() {
+			fmt.Fprintf(c.stdout, "tierbench %s: %s in %s (namespace %s): %s blocks of %s%s\n", name, s.limitText(), c.dir, c.namespace,
+				humanize.Comma(int64(m.Blocks)), humanize.IBytes(uint64(m.BlockSize)), s.jobsText())
 		}
-		all, err := s.runEngines(ctx, []string{name})
+		all, err := s.runWorkloads(ctx, []string{name})
 		if err != nil {
 			return err
 		}
-		if name == "store" {
+		if name == "store" && !s.child() {
 			if err := writeManifest(c.dir, c.namespace, s.m); err != nil {
 				return err
 			}
 		}
 		return s.interrupted(ctx, s.report(all))
 	}
+}
+
+// runWorkloads runs the named workloads: in this process, or in --jobs
+// processes.
+func (s *session) runWorkloads(ctx context.Context, names []string) ([]*result, error) {
+	stop, err := s.serveMetrics()
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	if s.c.jobs > 1 && !s.child() {
+		return s.runJobs(ctx, names)
+	}
+	return s.runEngines(ctx, names)
 }
 
 // runEngines runs the named workloads with each engine --engine names, in
@@ -85,59 +129,84 @@ func (s *session) runEngines(ctx context.Context, names []string) ([]*result, er
 }
 
 // workloadOps maps a workload's name to the operation it submits.
-var workloadOps = map[string]tier.Op{"lookup": tier.OpLookup, "load": tier.OpLoad, "store": tier.OpStore}
+var workloadOps = map[string]tier.Op{"lookup": tier.OpLookup, "load": tier.OpLoad, "store": tier.OpStore, "prefix": tier.OpLookup}
 
 // runEngine runs the named workloads, in order, on one tier of engine kind.
 func (s *session) runEngine(ctx context.Context, kind tier.EngineKind, names []string) ([]*result, error) {
-	depth, ioBatch, bufs := s.c.depth, 0, 0
+	depthMax, batchMax, bufs := 0, 0, 0
 	for _, n := range names {
-		if op := workloadOps[n]; op != tier.OpLookup {
-			ioBatch = max(ioBatch, s.batchFor(op))
+		depth, batch := s.depthFor(n), s.batchFor(n)
+		depthMax, batchMax = max(depthMax, depth), max(batchMax, batch)
+		if workloadOps[n] != tier.OpLookup {
+			bufs = max(bufs, depth*batch)
 		}
 	}
-	bufs = depth * ioBatch
-	tr, err := s.openTier(kind, depth, max(ioBatch, s.batchFor(tier.OpLookup)), bufs)
+	tr, err := s.openTier(kind, depthMax, batchMax, bufs)
 	if err != nil {
 		return nil, err
 	}
 	defer closeTier(tr)
+	s.metrics.set(tr)
+	defer s.metrics.set(nil)
 	info := tr.Engine()
 	var out []*result
 	for _, name := range names {
 		if ctx.Err() != nil {
 			break
 		}
-		op := workloadOps[name]
-		batch := s.batchFor(op)
+		op, batch, depth := workloadOps[name], s.batchFor(name), s.depthFor(name)
 		var w workload
-		if op == tier.OpStore {
-			w = s.storeWorkload(name, batch)
-		} else {
-			w = readWorkload(name, op, batch, newKeySet(s.m, s.c.hitRatio))
+		switch name {
+		case "store":
+			w = s.storeWorkload(name, batch, uint64(max(s.c.jobIndex, 0)), uint64(s.c.jobs))
+		case "prefix":
+			ks := newKeySet(s.m, s.c.hitRatio, s.dist())
+			w = workload{name: name, op: op, prefix: true, batch: batch, fill: func(keys, _ [][]byte) { ks.chain(keys) }}
+		default:
+			w = readWorkload(name, op, batch, newKeySet(s.m, s.c.hitRatio, s.dist()))
 		}
 		if s.c.cold {
 			s.dropCaches()
+		}
+		if err := s.barrier(info.Kind.String(), name); err != nil {
+			return out, err
 		}
 		var bufs [][]byte
 		if op != tier.OpLookup {
 			bufs = tr.Buffers()
 		}
-		r := drive(ctx, tr, w, depth, bufs, s.limits())
-		r.Engine, r.engineInfo, r.Direct, r.Dir = info.Kind.String(), info, info.Direct && op == tier.OpLoad, s.root
+		lim := s.limits()
+		if iv := s.intervalEvery(); iv > 0 {
+			engine := info.Kind.String()
+			lim.interval = iv
+			lim.onInterval = func(smp intervalSample) {
+				smp.Engine, smp.Job = engine, max(s.c.jobIndex, 0)
+				s.interval(smp)
+			}
+		}
+		r := drive(ctx, tr, w, depth, bufs, lim)
+		r.Engine, r.EngineLine, r.Direct, r.Dir = info.Kind.String(), engineLine(info), info.Direct && op == tier.OpLoad, s.root
 		r.Cold = s.c.cold && s.cold
+		r.Job, r.Dist = max(s.c.jobIndex, 0), s.dist().String()
+		if name == "store" {
+			s.m.Blocks = max(s.m.Blocks, s.storeBase+s.stored)
+		}
 		out = append(out, r)
+		s.emit(r)
 	}
 	return out, closeTier(tr)
 }
 
-// storeWorkload writes new blocks from index s.m.Blocks on, growing the
-// data set.
-func (s *session) storeWorkload(name string, batch int) workload {
+// storeWorkload writes new blocks: key s.storeBase + off + i × stride for
+// i = 0, 1, …, so that --jobs processes (off = the job's index, stride =
+// the number of jobs) store different keys.
+func (s *session) storeWorkload(name string, batch int, off, stride uint64) workload {
 	return workload{name: name, op: tier.OpStore, batch: batch, fill: func(keys, bufs [][]byte) {
 		for j := range keys {
-			keys[j] = keyOf(keys[j][:0], s.m.Seed, s.m.Blocks)
-			stampPayload(bufs[j], s.m.Seed, s.m.Blocks)
-			s.m.Blocks++
+			i := s.storeBase + off + s.stored*stride
+			keys[j] = keyOf(keys[j][:0], s.m.Seed, i)
+			stampPayload(bufs[j], s.m.Seed, i)
+			s.stored++
 		}
 	}}
 }
@@ -149,4 +218,26 @@ func readWorkload(name string, op tier.Op, batch int, ks *keySet) workload {
 			keys[j] = ks.next()
 		}
 	}}
+}
+
+// dist returns the key distribution the flags ask for.
+func (s *session) dist() distribution {
+	c := s.c
+	return distribution{name: c.dist, zipfS: c.zipfS, hotKeys: c.hotKeys, hotShare: c.hotShare}
+}
+
+// jobsText says how many jobs run, if more than one.
+func (s *session) jobsText() string {
+	if s.c.jobs <= 1 {
+		return ""
+	}
+	return fmt.Sprintf("; %d jobs, each its own process and tier", s.c.jobs)
+}
+
+// workloadList is names for humans: "lookup, load and store".
+func workloadList(names []string) string {
+	if len(names) <= 1 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
 }
