@@ -135,12 +135,14 @@ type Options struct {
 	Durability blockstore.Durability
 	// Rings is the number of io_uring instances, each with its own owner
 	// thread; keys are spread over them by hash; at most 64. Default:
-	// GOMAXPROCS/2, at least 1 and at most 4. An owner waiting for
-	// completions holds a Go P in its system call; with as many rings as
-	// Ps, a caller woken by an owner waits for the runtime's sysmon to
-	// retake a P (measured on 2 CPUs: a round trip of 8 lookups took
-	// 105 µs to 10 ms with 2 rings, 35–48 µs with one;
-	// BenchmarkLookupRoundTrip).
+	// GOMAXPROCS/2, at least 1 and at most 4. Owners sleep in Go's
+	// netpoller (with DEFER_TASKRUN) and hold no P there, but each is
+	// locked to its thread, and handing a woken owner to its thread
+	// still costs a round trip: measured on 2 CPUs, a round trip of 8
+	// warm lookups (BenchmarkLookupRoundTrip, medians of 5 interleaved
+	// runs that varied up to 3×) took 108 µs with one ring and 189 µs
+	// with two, against 119 µs and 203 µs when owners slept in
+	// io_uring_enter, and 50 µs for the sync engine.
 	Rings int
 	// OpsMax is how many key operations one ring (or the sync engine) has
 	// in flight at most. Default 1024, at most 65,536.
