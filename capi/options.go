@@ -13,8 +13,8 @@ import (
 // optionSetters are ut_open's options (documented in uringtier.h), each
 // parsing its value into tier.Options. The tier validates the result.
 var optionSetters = map[string]func(o *tier.Options, v string) error{
-	"block_size":        intOption(func(o *tier.Options) *int { return &o.BlockSize }),
-	"namespace":         func(o *tier.Options, v string) error { o.Namespace = v; return nil },
+	"block_size": intOption(func(o *tier.Options) *int { return &o.BlockSize }),
+	"namespace":  func(o *tier.Options, v string) error { o.Namespace = v; return nil },
 	"engine": func(o *tier.Options, v string) (err error) {
 		if o.Engine, err = tier.ParseEngine(v); err != nil {
 			return fmt.Errorf("want auto, uring or sync")
