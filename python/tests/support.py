@@ -73,18 +73,21 @@ class FaultMount:
             subprocess.run(["go", "build", "-o", exe, "./capi/internal/faultmount"], cwd=REPO, check=True)
         self.backing = tempfile.mkdtemp(prefix="faultfs-backing-")
         self.mountpoint = tempfile.mkdtemp(prefix="faultfs-mnt-")
+        # stderr goes to a file: a pipe nobody reads could fill and block the helper.
+        self.stderr = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
             [exe, self.backing, self.mountpoint],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=self.stderr,
             text=True,
             bufsize=1,
         )
         line = self.proc.stdout.readline().strip()
         if line != "ready":
-            err = self.proc.stderr.read()
             code = self.proc.wait()
+            self.stderr.seek(0)
+            err = self.stderr.read()
             if code == 3:
                 test.skipTest(f"needs FUSE: {err.strip()}")
             raise RuntimeError(f"faultmount exited {code}: {line} {err}")
@@ -102,5 +105,7 @@ class FaultMount:
         if self.proc.poll() is None:
             self.proc.stdin.close()
             self.proc.wait(timeout=30)
+        self.proc.stdout.close()
+        self.stderr.close()
         shutil.rmtree(self.backing, ignore_errors=True)
         os.rmdir(self.mountpoint)

@@ -8,8 +8,9 @@ once (the C library refuses such calls too, with UT_EFORK, before entering the r
 
 Non-blocking calls go through ctypes.PyDLL, which keeps the GIL: they take microseconds, and
 releasing the GIL around them would let another Python thread take it, after which the scheduler
-thread waits up to the interpreter's switch interval (5 ms) to get it back. The two calls that
-wait, ut_close and ut_exists, go through ctypes.CDLL, which releases the GIL for their duration.
+thread waits up to the interpreter's switch interval (5 ms) to get it back. The calls that may
+wait, ut_open (it creates directories and probes the filesystem), ut_close, ut_free and ut_exists,
+go through ctypes.CDLL, which releases the GIL for their duration.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ _PROTOTYPES = {
     "ut_abi_version": (c_int, [], False),
     "ut_strerror": (c_char_p, [c_int], False),
     "ut_last_error": (c_char_p, [], False),
-    "ut_open": (c_int, [c_char_p, c_char_p, POINTER(c_uint64)], False),
+    "ut_open": (c_int, [c_char_p, c_char_p, POINTER(c_uint64)], True),
     "ut_lookup": (c_int, [c_uint64, c_uint64, c_char_p, c_size_t, c_void_p, c_size_t], False),
     "ut_lookup_prefix": (c_int, [c_uint64, c_uint64, c_char_p, c_size_t, c_void_p, c_size_t], False),
     "ut_load": (c_int, [c_uint64, c_uint64, c_char_p, c_size_t, c_void_p, c_size_t, c_void_p, c_size_t], False),

@@ -201,6 +201,7 @@ class Tier:
         self._pins_lock = threading.Lock()
         self._poll_lock = threading.Lock()
         self._engine: EngineInfo | None = None
+        self._closed = False
 
     # Submits.
 
@@ -339,11 +340,14 @@ class Tier:
 
         Raises StuckError if a hung filesystem still holds operations at the timeout; the tier is
         closed all the same, and their buffers stay pinned until their Op.RELEASE Results.
-        A second close does nothing more.
+        A second close does nothing.
         """
+        if self._closed:
+            return
         if timeout is None:
             timeout = self.close_timeout
         rc = self._lib.ut_close(self._handle, max(0, round(timeout * 1000)))
+        self._closed = rc in (0, _lib.ESTUCK)
         if rc < 0:
             raise self._lib.error(rc, "close")
 
