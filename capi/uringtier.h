@@ -18,11 +18,13 @@
  *
  * # Calls never wait for the filesystem
  *
- * Submits, ut_poll, ut_cancel, ut_stats and ut_engine return without
- * waiting for any IO: the IO runs on threads of the library's own (io_uring
- * owner threads or a bounded pool), which never call back into the caller.
- * Only two calls wait, each bounded by the timeout it is given: ut_close
- * and ut_exists.
+ * Submits, ut_poll, ut_fd, ut_cancel, ut_stats and ut_engine return
+ * without waiting for any IO: the IO runs on threads of the library's own
+ * (io_uring owner threads or a bounded pool), which never call back into
+ * the caller. ut_close and ut_exists wait, each at most the timeout it is
+ * given, and ut_free briefly. ut_open does IO itself (it creates the
+ * namespace directory and probes the filesystem), so it can wait on a hung
+ * filesystem: open tiers at start-up, not on a latency-critical thread.
  *
  * # Threads
  *
