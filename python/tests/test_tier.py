@@ -52,6 +52,14 @@ class Conformance:
         self.assertEqual(r.statuses, [Status.FOUND] * 8 + [Status.MISSING] * 8)
         self.assertEqual(r.ok, [True] * 8 + [False] * 8)
         self.assertEqual(r.status.count(Status.FOUND), 8)
+        # Packed keys: one bytes object or a NumPy array of 32-byte digests.
+        tier.lookup(2, b"".join(keys(4, 12)), key_size=32)
+        tier.lookup_prefix(3, np.frombuffer(b"".join(keys(0, 10)), dtype=np.uint8).reshape(10, 32), key_size=32)
+        got = collect(tier, [2, 3])
+        self.assertEqual(got[2].statuses, [Status.FOUND] * 4 + [Status.MISSING] * 4)
+        self.assertEqual(got[3].prefix, 8)
+        with self.assertRaisesRegex(uringtier.InvalidRequestError, "do not split into keys of 32 bytes"):
+            tier.lookup(4, b"x" * 33, key_size=32)
 
     def test_prefix(self: Base) -> None:
         tier = self.open()

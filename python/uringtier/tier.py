@@ -104,15 +104,23 @@ def _seconds(name: str, value: float) -> str:
     return f"{round(value * 1e6)}us"
 
 
-def _encode_keys(keys: Sequence[bytes]) -> tuple[bytes, array]:
-    """The keys concatenated, and their sizes (uint32)."""
+def _encode_keys(keys: Sequence[bytes] | bytes, key_size: int | None) -> tuple[bytes, int, int, object]:
+    """The keys as ut_lookup takes them: (concatenated keys, their count, the address of their
+    sizes or 0 when all have key_size bytes, the sizes' owner to keep alive during the call)."""
+    if key_size is not None:
+        data = keys if isinstance(keys, bytes) else bytes(memoryview(keys).cast("B"))  # type: ignore[arg-type]
+        if key_size <= 0 or len(data) % key_size:
+            raise InvalidRequestError(f"{len(data)} bytes of keys do not split into keys of {key_size} bytes")
+        return data, len(data) // key_size, 0, None
     if isinstance(keys, (bytes, bytearray, memoryview, str)):
-        raise TypeError("keys must be a sequence of byte strings, not one " + type(keys).__name__)
+        raise TypeError(
+            f"keys must be a sequence of byte strings, not one {type(keys).__name__} (packed keys need key_size=)")
     try:
         data = b"".join(keys)
     except TypeError as e:
         raise TypeError(f"keys must be byte strings: {e}") from None
-    return data, array("I", map(len, keys))
+    sizes = array("I", map(len, keys))
+    return data, len(sizes), sizes.buffer_info()[0], sizes
 
 
 class Tier:
@@ -205,42 +213,46 @@ class Tier:
 
     # Submits.
 
-    def lookup(self, req: int, keys: Sequence[bytes]) -> None:
+    def lookup(self, req: int, keys: Sequence[bytes] | bytes, key_size: int | None = None) -> None:
         """Asks which of keys (byte strings of 8 to 64 bytes) exist; returns at once.
 
-        req is any integer ID (0 to 2**64-1) not in flight on this tier.
+        req is any integer ID (0 to 2**64-1) not in flight on this tier. With key_size, keys is
+        one bytes-like object holding keys of key_size bytes back to back (a NumPy array of
+        digests, say): the cheapest form, with no per-key work in Python.
         """
-        data, sizes = _encode_keys(keys)
-        rc = self._lib.ut_lookup(self._handle, req, data, len(data), sizes.buffer_info()[0], len(sizes))
+        data, n, sizes, _keep = _encode_keys(keys, key_size)
+        rc = self._lib.ut_lookup(self._handle, req, data, len(data), sizes, n)
         if rc < 0:
             raise self._lib.error(rc, "lookup")
 
-    def lookup_prefix(self, req: int, keys: Sequence[bytes]) -> None:
+    def lookup_prefix(self, req: int, keys: Sequence[bytes] | bytes, key_size: int | None = None) -> None:
         """lookup() for a caller that wants only the prefix: keys after a miss may be skipped."""
-        data, sizes = _encode_keys(keys)
-        rc = self._lib.ut_lookup_prefix(self._handle, req, data, len(data), sizes.buffer_info()[0], len(sizes))
+        data, n, sizes, _keep = _encode_keys(keys, key_size)
+        rc = self._lib.ut_lookup_prefix(self._handle, req, data, len(data), sizes, n)
         if rc < 0:
             raise self._lib.error(rc, "lookup_prefix")
 
-    def load(self, req: int, keys: Sequence[bytes], buffers: Sequence[Any]) -> None:
+    def load(self, req: int, keys: Sequence[bytes] | bytes, buffers: Sequence[Any], key_size: int | None = None) -> None:
         """Reads key i's block into buffers[i] (writable, block_size bytes each); returns at once.
 
         The buffers are the tier's until this request's Result is polled (see the class doc).
+        keys and key_size are as for lookup().
         """
-        self._submit_io(self._lib.ut_load, "load", req, keys, buffers, writable=True)
+        self._submit_io(self._lib.ut_load, "load", req, keys, key_size, buffers, writable=True)
 
-    def store(self, req: int, keys: Sequence[bytes], buffers: Sequence[Any]) -> None:
+    def store(self, req: int, keys: Sequence[bytes] | bytes, buffers: Sequence[Any], key_size: int | None = None) -> None:
         """Writes key i's block from buffers[i] (block_size bytes each); returns at once.
 
         The buffers are the tier's until this request's Result is polled (see the class doc).
+        keys and key_size are as for lookup().
         """
-        self._submit_io(self._lib.ut_store, "store", req, keys, buffers, writable=False)
+        self._submit_io(self._lib.ut_store, "store", req, keys, key_size, buffers, writable=False)
 
-    def _submit_io(self, fn: Any, what: str, req: int, keys: Sequence[bytes], buffers: Sequence[Any],
-                   writable: bool) -> None:
-        data, sizes = _encode_keys(keys)
-        if len(buffers) != len(sizes):
-            raise InvalidRequestError(f"{what}: {len(sizes)} keys but {len(buffers)} buffers")
+    def _submit_io(self, fn: Any, what: str, req: int, keys: Sequence[bytes] | bytes, key_size: int | None,
+                   buffers: Sequence[Any], writable: bool) -> None:
+        data, n, sizes, _keep = _encode_keys(keys, key_size)
+        if len(buffers) != n:
+            raise InvalidRequestError(f"{what}: {n} keys but {len(buffers)} buffers")
         pins = [pin(b, writable, i) for i, b in enumerate(buffers)]
         try:
             for i, p in enumerate(pins):
@@ -252,7 +264,7 @@ class Tier:
                 if req in self._pins:
                     raise InvalidRequestError(f"{what}: request {req} is already in flight")
                 self._pins[req] = pins
-            rc = fn(self._handle, req, data, len(data), sizes.buffer_info()[0], len(sizes), addrs, self.block_size)
+            rc = fn(self._handle, req, data, len(data), sizes, n, addrs, self.block_size)
             if rc < 0:
                 with self._pins_lock:
                     del self._pins[req]
