@@ -88,8 +88,9 @@ def block_path(ns_dir: str, k: bytes) -> str:
 
 
 class TierDesign:
-    def __init__(self, root: str, engine: str, packed: bool = False) -> None:
-        self.tier = uringtier.Tier(root, BLOCK, namespace=NAMESPACE, engine=engine, lookup_timeout=30)
+    def __init__(self, root: str, engine: str, keys: int, packed: bool = False) -> None:
+        self.tier = uringtier.Tier(root, BLOCK, namespace=NAMESPACE, engine=engine, lookup_timeout=30,
+                                   batch_max=max(4096, keys))
         self.name = f"tier-{engine}" + ("-packed" if packed else "")
         self.packed = packed
 
@@ -326,9 +327,9 @@ def main() -> None:
             return answers
 
         makers = {
-            "tier-uring": lambda: TierDesign(root, "uring"),
-            "tier-uring-packed": lambda: TierDesign(root, "uring", packed=True),
-            "tier-sync": lambda: TierDesign(root, "sync"),
+            "tier-uring": lambda: TierDesign(root, "uring", args.keys),
+            "tier-uring-packed": lambda: TierDesign(root, "uring", args.keys, packed=True),
+            "tier-sync": lambda: TierDesign(root, "sync", args.keys),
             "a-exists-thread": lambda: ThreadDesign("a-exists-thread", python_lookup),
             "b-cloop-thread": lambda: ThreadDesign("b-cloop-thread", cloop_lookup),
             "c-batch-exists-thread": lambda: ThreadDesign("c-batch-exists-thread", exists_lookup),
