@@ -78,3 +78,6 @@ func _() {
 	_ = x[int(C.UT_SKIPPED)-int(tier.StatusSkipped)]
 	_ = x[int(unsafe.Sizeof(C.ut_result{}))-32]
 }
+
+// utEOptions is UT_EOPTIONS for the tests, which cannot use cgo.
+const utEOptions = int(C.UT_EOPTIONS)
