@@ -124,6 +124,23 @@ class HungFilesystem(unittest.TestCase):
         for b in bufs:  # unpinned
             b.extend(b"x")
 
+    def test_cancel_while_hung(self) -> None:
+        self.each_engine(self.cancel_while_hung)
+
+    def cancel_while_hung(self, engine: str) -> None:
+        # A canceled request still gets its one Result: keys the kernel gives up end CANCELED, the
+        # rest (a system call in a hung filesystem cannot always be interrupted) at their deadline.
+        timeout = 1.0
+        tier = self.open(engine, lookup_timeout=timeout)
+        self.fs.cmd("hang lookup,getattr")
+        start = time.monotonic()
+        tier.lookup(1, keys(0, 8, engine))
+        self.assertTrue(tier.cancel(1))
+        r = collect(tier, [1])[1]
+        self.assertLess(time.monotonic() - start, timeout + 1)
+        self.assertTrue(set(r.statuses) <= {Status.CANCELED, Status.TIMED_OUT}, r.statuses)
+        self.assertFalse(tier.cancel(1), "canceled twice")
+
     def test_batch_exists_keeps_its_deadline(self) -> None:
         root = self.fs.mountpoint
         with open(f"{self.fs.backing}/present", "w"):

@@ -18,6 +18,8 @@ loaded, every call raises ForkedError (use multiprocessing's "spawn" start metho
 in the children).
 """
 
+__version__ = "0.1.0"
+
 from .errors import (
     BusyError,
     ClosedError,

@@ -9,7 +9,7 @@ import threading
 from array import array
 from collections.abc import Sequence
 from ctypes import c_uint8, c_uint64, c_void_p
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from . import _lib
@@ -329,7 +329,8 @@ class Tier:
     def engine(self) -> EngineInfo:
         """Which engine the tier runs (io_uring or sync) and, for a fallback, why."""
         if self._engine is None:
-            self._engine = EngineInfo(**json.loads(self._json(self._lib.ut_engine, "engine")))
+            info = json.loads(self._json(self._lib.ut_engine, "engine"))
+            self._engine = EngineInfo(**{f.name: info[f.name] for f in fields(EngineInfo)})
         return self._engine
 
     def _json(self, fn: Any, what: str) -> bytes:
@@ -371,19 +372,18 @@ class Tier:
 
     def __del__(self) -> None:
         # Frees the handle and the eventfd. Buffers the kernel may still write stay pinned for the
-        # life of the process (they are unknown to the garbage collector from here on).
-        handle, self._handle = self._handle, 0
+        # life of the process: nothing will poll their release any more.
+        handle = getattr(self, "_handle", 0)
         if not handle:
             return
         try:
-            self._lib.ut_close(handle, 0)
-            self._handle = handle
-            while self.poll():
+            self._lib.ut_close(handle, 0)  # returns at once; the first close's code if closed already
+            while self.poll():  # results not yet polled: unpins what the kernel no longer holds
                 pass
             self._handle = 0
             self._lib.ut_free(handle)
         except UringTierError:
-            return  # a forked child: the parent's tier is not ours to free
+            return  # a forked child: the parent's tier is not this process's to free
         with self._pins_lock:
             if self._pins:
                 _held_forever.append(self._pins)
