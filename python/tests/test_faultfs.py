@@ -30,10 +30,14 @@ class HungFilesystem(unittest.TestCase):
         self.addCleanup(self.fs.cmd, "reset")  # cleanups run last-in first-out: release before unmounting
 
     def open(self, engine: str, **kw) -> uringtier.Tier:
-        """Opens a tier on the mount. Open itself does IO (it creates the namespace directory), so
-        the filesystem must not be hung yet."""
+        """Opens a tier on the mount, and waits for one lookup to be answered, so that the engine is
+        running before the test hangs the filesystem. Open does IO (it creates the namespace
+        directory), and the sync engine's owner opens the namespace directory only after Open has
+        returned: a hang in that window hangs the owner, and no deadline fires (a tier issue)."""
         tier = uringtier.Tier(self.fs.mountpoint, BLOCK, namespace=f"hung-{engine}", engine=engine, **kw)
         self.addCleanup(tier.close, 10)
+        tier.lookup(1 << 63, keys(0, 1, "warm-up"))
+        collect(tier, [1 << 63])
         return tier
 
     def each_engine(self, run) -> None:
