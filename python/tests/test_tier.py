@@ -4,6 +4,7 @@ close with work in flight, the eventfd."""
 from __future__ import annotations
 
 import array
+import asyncio
 import ctypes
 import mmap
 import os
@@ -266,6 +267,27 @@ class Conformance:
                 results = tier.poll()
                 self.assertEqual([(r.req, r.statuses) for r in results], [(req, [Status.FOUND])])
                 self.assertEqual(sel.select(0), [], "still readable after poll")
+
+    def test_eventfd_wakes_asyncio(self: Base) -> None:
+        tier = self.open()
+        self.populate(tier, 1)
+
+        async def lookup() -> uringtier.Result:
+            loop = asyncio.get_running_loop()
+            ready = asyncio.Event()
+            loop.add_reader(tier.fileno(), ready.set)
+            try:
+                tier.lookup(1, [key(0)])
+                while True:
+                    await asyncio.wait_for(ready.wait(), 5)
+                    ready.clear()
+                    for r in tier.poll():
+                        return r
+            finally:
+                loop.remove_reader(tier.fileno())
+
+        r = asyncio.run(lookup())
+        self.assertEqual((r.req, r.statuses), (1, [Status.FOUND]))
 
     def test_cancel_and_stats(self: Base) -> None:
         tier = self.open()
