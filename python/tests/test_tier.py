@@ -229,6 +229,8 @@ class Conformance:
                 with self.assertRaises(ValueError) as cm:
                     uringtier.Tier(self.dir, **kw)
                 self.assertIn(message, str(cm.exception))
+        with self.assertRaisesRegex(uringtier.OpenError, "not a directory"):
+            uringtier.Tier("/proc/version/x", BLOCK, engine=self.engine)
 
     def test_close_with_work_in_flight(self: Base) -> None:
         tier = self.open()

@@ -27,6 +27,7 @@ from .errors import (
     InvalidOptionsError,
     InvalidRequestError,
     LibraryNotFoundError,
+    OpenError,
     StuckError,
     UringTierError,
 )
@@ -48,5 +49,6 @@ __all__ = [
     "InvalidOptionsError",
     "StuckError",
     "ForkedError",
+    "OpenError",
     "LibraryNotFoundError",
 ]

@@ -27,6 +27,7 @@ from .errors import (
     InvalidOptionsError,
     InvalidRequestError,
     LibraryNotFoundError,
+    OpenError,
     StuckError,
     UringTierError,
 )
@@ -47,6 +48,7 @@ _ERRORS: dict[int, type[UringTierError]] = {
     EHANDLE: ClosedError,
     ESTUCK: StuckError,
     EFORK: ForkedError,
+    EIO: OpenError,
     EARG: InvalidRequestError,
 }
 

@@ -10,6 +10,7 @@ __all__ = [
     "InvalidOptionsError",
     "StuckError",
     "ForkedError",
+    "OpenError",
     "LibraryNotFoundError",
 ]
 
@@ -65,6 +66,13 @@ class ForkedError(UringTierError, RuntimeError):
     method, or create the Tier in the child only."""
 
     code = -7
+
+
+class OpenError(UringTierError, OSError):
+    """Tier() could not set up the directory or the engine (engine="uring" where io_uring is
+    unusable, say); the message says why."""
+
+    code = -8
 
 
 class LibraryNotFoundError(UringTierError, ImportError):
