@@ -166,7 +166,7 @@ func TestC(t *testing.T) {
 	cc, err := exec.LookPath("cc")
 	need(t, err == nil, "no C compiler: %v", err)
 	exe := filepath.Join(built.dir, "ctest")
-	build := exec.Command(cc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-o", exe, "ctest/ctest.c",
+	build := exec.Command(cc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-pthread", "-o", exe, "ctest/ctest.c",
 		"-I.", "-L"+built.dir, "-luringtier", "-Wl,-rpath,"+built.dir)
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, "%s", out)

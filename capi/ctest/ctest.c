@@ -1,6 +1,6 @@
 // ctest checks liburingtier through its header, as a C program sees it.
 //
-//	cc -Wall -Werror -o ctest ctest.c -I.. -L<libdir> -luringtier -Wl,-rpath,<libdir>
+//	cc -Wall -Werror -pthread -o ctest ctest.c -I.. -L<libdir> -luringtier -Wl,-rpath,<libdir>
 //	./ctest DIR [ENGINE...]    (engines default to "sync uring")
 //
 // It prints one line per failed check and ends with "N passed, M failed";
@@ -9,6 +9,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -281,6 +282,69 @@ static void test_fork(const char *dir) {
 	CHECK(ut_close(t, 5000) == UT_OK && ut_free(t) == UT_OK, "close and free");
 }
 
+// test_threads submits from four threads at once while a fifth polls: the
+// calls are safe to make concurrently, as the Go API's are.
+enum { SUBMITTERS = 4, PER_THREAD = 50 };
+
+struct submitter {
+	ut_tier t;
+	int id;
+	int errors;
+};
+
+static void *submit_thread(void *arg) {
+	struct submitter *s = arg;
+	uint8_t keys[4 * KEY];
+	for (int i = 0; i < 4; i++) {
+		key(keys + i * KEY, i, 't');
+	}
+	for (int r = 0; r < PER_THREAD; r++) {
+		uint64_t req = (uint64_t)s->id * 1000 + r;
+		int rc;
+		while ((rc = ut_lookup(s->t, req, keys, sizeof keys, NULL, 4)) == UT_EBUSY) {
+			usleep(100);
+		}
+		s->errors += rc != UT_OK;
+	}
+	return NULL;
+}
+
+static void test_threads(const char *dir) {
+	ut_tier t = 0;
+	CHECK(ut_open(dir, "block_size=4096 namespace=c-threads depth=16", &t) == UT_OK, "open");
+	pthread_t th[SUBMITTERS];
+	struct submitter subs[SUBMITTERS];
+	for (int i = 0; i < SUBMITTERS; i++) {
+		subs[i] = (struct submitter){.t = t, .id = i + 1};
+		CHECK(pthread_create(&th[i], NULL, submit_thread, &subs[i]) == 0, "pthread_create");
+	}
+	static uint8_t seen[SUBMITTERS + 1][PER_THREAD];
+	static ut_result res[8];
+	static uint8_t st[64];
+	int got = 0, bad = 0;
+	double deadline = now() + 20;
+	while (got < SUBMITTERS * PER_THREAD && now() < deadline) {
+		int n = ut_poll(t, res, 8, st, sizeof st);
+		for (int i = 0; i < n; i++) {
+			int id = (int)(res[i].req / 1000), r = (int)(res[i].req % 1000);
+			bad += id < 1 || id > SUBMITTERS || r >= PER_THREAD || seen[id][r]++ || res[i].keys != 4;
+			for (uint32_t k = 0; k < res[i].keys; k++) {
+				bad += st[res[i].first + k] != UT_MISSING;
+			}
+		}
+		got += n > 0 ? n : 0;
+		if (n == 0) {
+			usleep(100);
+		}
+	}
+	for (int i = 0; i < SUBMITTERS; i++) {
+		pthread_join(th[i], NULL);
+		CHECK(subs[i].errors == 0, "submitter %d: %d errors", i, subs[i].errors);
+	}
+	CHECK(got == SUBMITTERS * PER_THREAD && bad == 0, "%d results, %d wrong", got, bad);
+	CHECK(ut_close(t, 5000) == UT_OK && ut_free(t) == UT_OK, "close and free");
+}
+
 int main(int argc, char **argv) {
 	if (argc < 2) {
 		fprintf(stderr, "usage: ctest DIR [ENGINE...]\n");
@@ -295,6 +359,7 @@ int main(int argc, char **argv) {
 		test_engine(argv[1], argv[i]);
 	}
 	test_exists(argv[1]);
+	test_threads(argv[1]);
 	test_fork(argv[1]);
 	printf("%d passed, %d failed\n", passed, failed);
 	return failed > 0;
