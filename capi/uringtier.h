@@ -41,7 +41,8 @@
  * Buffers are not copied. The memory given to ut_load (written by the
  * library) and ut_store (read by the library) stays in use by the library
  * until the request's result has been returned by ut_poll; the caller must
- * keep it allocated, and must not touch a load's buffers, until then. If
+ * keep it allocated until then, and must not write to it (nor read a
+ * load's buffers, which are being filled). If
  * that result has held > 0 (a load or store timed out in a hung filesystem
  * and the kernel still holds some of its buffers), the rule extends until
  * a result with op UT_OP_RELEASE and the same req has been polled. ut_close
@@ -52,8 +53,9 @@
  *
  * The library carries a Go runtime, which does not survive fork: the child
  * has one thread and a runtime that believes it has many. In a child forked
- * after the library was loaded, every function below fails at once with
- * UT_EFORK, without entering the runtime. Load the library after the fork
+ * after the library was loaded, every function below but ut_abi_version,
+ * ut_strerror and ut_last_error (which never enter the runtime) fails at
+ * once with UT_EFORK, without entering it. Load the library after the fork
  * (Python: multiprocessing's "spawn" start method) in each process that
  * uses it.
  */
