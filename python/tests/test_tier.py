@@ -223,12 +223,17 @@ class Conformance:
             ({"namespace": "a/b"}, "namespace"),
             ({"colour": "blue"}, 'unknown option "colour"'),
             ({"lookup_timeout": -1}, "negative"),
+            ({"batch_max": 0}, "batch_max"),
+            ({"lookup_op": "stat x"}, "spaces"),
         ]:
             with self.subTest(kw):
                 kw = {"engine": self.engine, "block_size": BLOCK, **kw}
                 with self.assertRaises(ValueError) as cm:
                     uringtier.Tier(self.dir, **kw)
                 self.assertIn(message, str(cm.exception))
+        import pathlib
+        with uringtier.Tier(pathlib.Path(self.dir), BLOCK, engine=self.engine, namespace="pathlike") as tier:
+            self.assertEqual(tier.path, self.dir)
         with self.assertRaisesRegex(uringtier.OpenError, "not a directory"):
             uringtier.Tier("/proc/version/x", BLOCK, engine=self.engine)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import json
+import os
 import threading
 from array import array
 from collections.abc import Sequence
@@ -14,7 +15,7 @@ from typing import Any
 
 from . import _lib
 from ._buffers import Pinned, pin
-from .errors import InvalidRequestError, UringTierError
+from .errors import InvalidOptionsError, InvalidRequestError, UringTierError
 
 __all__ = ["Tier", "Result", "Status", "Op", "EngineInfo"]
 
@@ -100,7 +101,7 @@ class EngineInfo:
 
 def _seconds(name: str, value: float) -> str:
     if value < 0:
-        raise InvalidRequestError(f"{name} is negative: {value}")
+        raise InvalidOptionsError(f"{name} is negative: {value}")
     return f"{round(value * 1e6)}us"
 
 
@@ -159,7 +160,7 @@ class Tier:
 
     def __init__(
         self,
-        path: str,
+        path: str | os.PathLike,
         block_size: int,
         *,
         namespace: str = "default",
@@ -175,6 +176,8 @@ class Tier:
     ) -> None:
         self._handle = 0
         self._lib = _lib.load()
+        if batch_max < 1:
+            raise InvalidOptionsError(f"batch_max is {batch_max}: want at least 1")
         opts = {
             "block_size": block_size,
             "namespace": namespace,
@@ -190,13 +193,13 @@ class Tier:
             opts[k] = str(v).lower() if isinstance(v, bool) else v
         text = " ".join(f"{k}={v}" for k, v in opts.items())
         if any(c.isspace() or c == "," for v in opts.values() for c in str(v)):
-            raise InvalidRequestError(f"option values must not contain spaces or commas: {text}")
+            raise InvalidOptionsError(f"option values must not contain spaces or commas: {text}")
         handle = c_uint64()
-        rc = self._lib.ut_open(str(path).encode(), text.encode(), ctypes.byref(handle))
+        rc = self._lib.ut_open(os.fsencode(path), text.encode(), ctypes.byref(handle))
         if rc < 0:
             raise self._lib.error(rc, f"open {path}")
         self._handle = handle.value
-        self.path = str(path)
+        self.path = os.fsdecode(path)
         self.block_size = block_size  #: every block's payload size
         self.namespace = namespace
         self.batch_max = batch_max
