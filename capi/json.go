@@ -1,0 +1,79 @@
+package main
+
+import (
+	"encoding/json"
+
+	"github.com/uringtier/uringtier/tier"
+)
+
+// engineInfo is tier.EngineInfo as ut_engine's JSON.
+type engineInfo struct {
+	Kind     string `json:"kind"`      // "uring" or "sync"
+	Fallback string `json:"fallback"`  // why auto chose sync; "" otherwise
+	Rings    int    `json:"rings"`     // io_uring instances
+	Flags    string `json:"flags"`     // io_uring setup flags in force
+	Direct   bool   `json:"direct"`    // loads use O_DIRECT (into page-aligned buffers)
+	NoDirect string `json:"no_direct"` // why not, when direct is false
+	FS       string `json:"fs"`        // the filesystem under the namespace directory
+	Inline   bool   `json:"inline"`    // reads and writes may complete in the owner thread
+}
+
+func newEngineInfo(e tier.EngineInfo) engineInfo {
+	return engineInfo{Kind: e.Kind.String(), Fallback: e.Fallback, Rings: e.Rings, Flags: e.Flags,
+		Direct: e.Direct, NoDirect: e.NoDirect, FS: e.FS, Inline: e.Inline}
+}
+
+func engineJSON(e tier.EngineInfo) []byte {
+	b, _ := json.Marshal(newEngineInfo(e)) // cannot fail: strings, ints and bools
+	return b
+}
+
+// opStats is one request kind's counters in ut_stats's JSON.
+type opStats struct {
+	Requests uint64            `json:"requests"`   // requests submitted
+	Keys     uint64            `json:"keys"`       // keys submitted
+	Outcomes map[string]uint64 `json:"outcomes"`   // keys per status name, zero counts left out
+	P50US    int64             `json:"p50_us"`     // kernel operation latency, upper bound of the median's histogram bucket
+	P99US    int64             `json:"p99_us"`     // same, 99th percentile
+	Latency  []uint64          `json:"latency_us"` // histogram: [b] counts operations of [2^(b-1), 2^b) µs
+}
+
+// stats is tier.Stats as ut_stats's JSON, with names instead of indices.
+type stats struct {
+	Engine       engineInfo         `json:"engine"`
+	Ops          map[string]opStats `json:"ops"` // "lookup", "load", "store"
+	Busy         uint64             `json:"busy"`
+	CacheHits    uint64             `json:"cache_hits"`
+	Shared       uint64             `json:"shared"`
+	InFlight     int                `json:"in_flight"`
+	Queued       int                `json:"queued"`
+	Stuck        int                `json:"stuck"`
+	Late         uint64             `json:"late"`
+	Held         int                `json:"held"`
+	BreakerOpen  bool               `json:"breaker_open"`
+	BreakerTrips uint64             `json:"breaker_trips"`
+}
+
+func statsJSON(s tier.Stats) []byte {
+	out := stats{
+		Engine: newEngineInfo(s.Engine), Ops: make(map[string]opStats),
+		Busy: s.Busy, CacheHits: s.CacheHits, Shared: s.Shared, InFlight: s.InFlight, Queued: s.Queued,
+		Stuck: s.Stuck, Late: s.Late, Held: s.Held, BreakerOpen: s.BreakerOpen, BreakerTrips: s.BreakerTrips,
+	}
+	for _, op := range []tier.Op{tier.OpLookup, tier.OpLoad, tier.OpStore} {
+		o := opStats{
+			Requests: s.Requests[op], Keys: s.Keys[op], Outcomes: make(map[string]uint64),
+			P50US:   s.LatencyQuantile(op, 0.5).Microseconds(),
+			P99US:   s.LatencyQuantile(op, 0.99).Microseconds(),
+			Latency: s.Latency[op][:],
+		}
+		for st, n := range s.Outcomes[op] {
+			if n > 0 {
+				o.Outcomes[tier.Status(st).String()] = n
+			}
+		}
+		out.Ops[op.String()] = o
+	}
+	b, _ := json.Marshal(out) // cannot fail: maps with string keys, numbers
+	return b
+}
