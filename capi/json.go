@@ -30,12 +30,12 @@ func engineJSON(e tier.EngineInfo) []byte {
 
 // opStats is one request kind's counters in ut_stats's JSON.
 type opStats struct {
-	Requests uint64            `json:"requests"`   // requests submitted
-	Keys     uint64            `json:"keys"`       // keys submitted
-	Outcomes map[string]uint64 `json:"outcomes"`   // keys per status name, zero counts left out
-	P50US    int64             `json:"p50_us"`     // kernel operation latency, upper bound of the median's histogram bucket
-	P99US    int64             `json:"p99_us"`     // same, 99th percentile
-	Latency  []uint64          `json:"latency_us"` // histogram: [b] counts operations of [2^(b-1), 2^b) µs
+	Requests uint64            `json:"requests"` // requests submitted
+	Keys     uint64            `json:"keys"`     // keys submitted
+	Outcomes map[string]uint64 `json:"outcomes"` // keys per status name, zero counts left out
+	P50US    int64             `json:"p50_us"`   // kernel operation latency, median, within 1/64 (tier.Stats.LatencyQuantile)
+	P99US    int64             `json:"p99_us"`   // same, 99th percentile
+	P999US   int64             `json:"p99_9_us"` // same, 99.9th percentile
 }
 
 // stats is tier.Stats as ut_stats's JSON, with names instead of indices.
@@ -63,9 +63,9 @@ func statsJSON(s tier.Stats) []byte {
 	for _, op := range []tier.Op{tier.OpLookup, tier.OpLoad, tier.OpStore} {
 		o := opStats{
 			Requests: s.Requests[op], Keys: s.Keys[op], Outcomes: make(map[string]uint64),
-			P50US:   s.LatencyQuantile(op, 0.5).Microseconds(),
-			P99US:   s.LatencyQuantile(op, 0.99).Microseconds(),
-			Latency: s.Latency[op][:],
+			P50US:  s.LatencyQuantile(op, 0.5).Microseconds(),
+			P99US:  s.LatencyQuantile(op, 0.99).Microseconds(),
+			P999US: s.LatencyQuantile(op, 0.999).Microseconds(),
 		}
 		for st, n := range s.Outcomes[op] {
 			if n > 0 {
