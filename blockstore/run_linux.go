@@ -49,11 +49,13 @@ func (p *Program) call(dir int, s *Step) int32 {
 	}
 }
 
+// call1 is one try of call. Each pointer becomes a uintptr inside the
+// system call's argument list, as unsafe.Pointer's rule for syscalls asks,
+// so that its object stays put for the call.
 func (p *Program) call1(dir int, s *Step) (uintptr, syscall.Errno) {
-	path := uintptr(unsafe.Pointer(s.Path))
 	switch s.Op {
 	case StepStatx:
-		r, _, e := unix.Syscall6(unix.SYS_STATX, uintptr(dir), path, unix.AT_STATX_DONT_SYNC|unix.AT_SYMLINK_NOFOLLOW,
+		r, _, e := unix.Syscall6(unix.SYS_STATX, uintptr(dir), uintptr(unsafe.Pointer(s.Path)), unix.AT_STATX_DONT_SYNC|unix.AT_SYMLINK_NOFOLLOW,
 			unix.STATX_TYPE|unix.STATX_SIZE, uintptr(unsafe.Pointer(&p.Stx)), 0)
 		return r, e
 	case StepOpen:
@@ -62,13 +64,13 @@ func (p *Program) call1(dir int, s *Step) (uintptr, syscall.Errno) {
 		var r uintptr
 		e := unix.ENOSYS
 		if !noOpenat2.Load() {
-			r, _, e = unix.Syscall6(unix.SYS_OPENAT2, uintptr(dir), path, uintptr(unsafe.Pointer(&how)), unix.SizeofOpenHow, 0, 0)
+			r, _, e = unix.Syscall6(unix.SYS_OPENAT2, uintptr(dir), uintptr(unsafe.Pointer(s.Path)), uintptr(unsafe.Pointer(&how)), unix.SizeofOpenHow, 0, 0)
 		}
 		if e == unix.ENOSYS {
 			// Before Linux 5.6: no RESOLVE_*; at least the last component
 			// is not followed.
 			noOpenat2.Store(true)
-			r, _, e = unix.Syscall6(unix.SYS_OPENAT, uintptr(dir), path, uintptr(how.Flags|unix.O_NOFOLLOW), uintptr(how.Mode), 0, 0)
+			r, _, e = unix.Syscall6(unix.SYS_OPENAT, uintptr(dir), uintptr(unsafe.Pointer(s.Path)), uintptr(how.Flags|unix.O_NOFOLLOW), uintptr(how.Mode), 0, 0)
 		}
 		if e == 0 {
 			p.fd = int(r)
@@ -94,17 +96,17 @@ func (p *Program) call1(dir int, s *Step) (uintptr, syscall.Errno) {
 		p.fd = -1 // closed even when close reports an error
 		return 0, errnoOf(err)
 	case StepMkdir:
-		_, _, e := unix.Syscall(unix.SYS_MKDIRAT, uintptr(dir), path, dirMode)
+		_, _, e := unix.Syscall(unix.SYS_MKDIRAT, uintptr(dir), uintptr(unsafe.Pointer(s.Path)), dirMode)
 		return 0, e
 	case StepRename:
 		newDir := dir
 		if s.Abs2 {
 			newDir = unix.AT_FDCWD
 		}
-		_, _, e := unix.Syscall6(unix.SYS_RENAMEAT, uintptr(dir), path, uintptr(newDir), uintptr(unsafe.Pointer(s.Path2)), 0, 0)
+		_, _, e := unix.Syscall6(unix.SYS_RENAMEAT, uintptr(dir), uintptr(unsafe.Pointer(s.Path)), uintptr(newDir), uintptr(unsafe.Pointer(s.Path2)), 0, 0)
 		return 0, e
 	case StepUnlink:
-		_, _, e := unix.Syscall(unix.SYS_UNLINKAT, uintptr(dir), path, 0)
+		_, _, e := unix.Syscall(unix.SYS_UNLINKAT, uintptr(dir), uintptr(unsafe.Pointer(s.Path)), 0)
 		return 0, e
 	}
 	panic("blockstore: unknown step")

@@ -93,14 +93,16 @@ func (b *syncBackend) close() {
 	b.ns.close()
 }
 
-// worker runs ops' programs to their outcome, one at a time.
+// worker runs ops' programs to their outcome, one at a time, in a
+// Program of its own on the heap (its steps point into it, and the kernel
+// reads those paths: a goroutine's stack may move).
 func (b *syncBackend) worker() {
 	defer b.wg.Done()
-	var p blockstore.Program
+	p := make([]blockstore.Program, 1)
 	hdr := make([]byte, blockstore.HeaderSize)
 	for i := range b.work {
 		o := &b.ops[i]
-		o.status, o.err = b.run(&p, o, hdr)
+		o.status, o.err = b.run(&p[0], o, hdr)
 		b.done <- i
 	}
 }
