@@ -61,22 +61,22 @@
 // # Publish protocol
 //
 // Put writes header and payload to a temporary file in the block's final
-// directory, named <hex>.blk.tmp.<pid>.<token> (token: a per-process
-// random base plus a counter) and created with O_EXCL, so no two writers —
+// directory, named <hex>.blk.tmp.<pid>.<token> (token: a per-process random
+// base plus a counter) and created with O_EXCL, so no two writers —
 // goroutines, processes, or hosts sharing an NFS export — share one. The
-// file is created beneath the namespace directory's fd without following
-// any symlink (openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS), and each
-// directory Put makes is opened the same way before anything is made in
-// it, so a link planted in place of a fan-out directory of a shared tree
-// cannot make Put write elsewhere. Put then syncs as the Durability asks,
-// closes it (on NFS, close reports deferred write errors) and renames it
-// onto <hex>.blk; each step runs only if every one before it succeeded.
-// rename(2) is atomic, so readers see
-// no block or a whole block, never a partial one. Concurrent writers of one key are safe: blocks are
-// content-addressed, so whichever rename lands last leaves the same
-// content. If any step fails (ENOSPC, EIO, ...), Put removes its temporary
-// file and nothing becomes visible; a writer that dies leaves only its
-// temporary file, which Clean removes once it is old enough.
+// file is created beneath the namespace directory's fd without following any
+// symlink (openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS), and each directory
+// Put makes is opened the same way before anything is made in it, so a link
+// planted in place of a fan-out directory of a shared tree cannot make Put
+// write elsewhere. Put then syncs as the Durability asks, closes it (on NFS,
+// close reports deferred write errors) and renames it onto <hex>.blk; each
+// step runs only if every one before it succeeded. rename(2) is atomic, so
+// readers see no block or a whole block, never a partial one. Concurrent
+// writers of one key are safe: blocks are content-addressed, so whichever
+// rename lands last leaves the same content. If any step fails (ENOSPC, EIO,
+// ...), Put removes its temporary file and nothing becomes visible; a writer
+// that dies leaves only its temporary file, which Clean removes once it is
+// old enough.
 //
 // # Durability
 //
