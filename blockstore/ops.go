@@ -27,23 +27,6 @@ var headerPool = sync.Pool{New: func() any { return new([HeaderSize]byte) }}
 // store program (Program) beneath the namespace directory, opened for the
 // call: nothing on the way is a symlink it follows.
 func (s *Store) Put(ns string, key, payload []byte) error {
-	return s.put(-1, ns, key, payload)
-}
-
-// PutAt is Put for a caller that holds the namespace directory open as
-// dirfd (see NamespaceDir). If dirfd's directory has been removed, PutAt
-// creates the directories at the namespace's path again but still fails,
-// with an error for which errors.Is(err, fs.ErrNotExist) holds: the caller
-// opens the namespace directory again and retries.
-func (s *Store) PutAt(dirfd int, ns string, key, payload []byte) error {
-	return s.put(dirfd, ns, key, payload)
-}
-
-// programPool holds Programs for Put and Get.
-var programPool = sync.Pool{New: func() any { return new(Program) }}
-
-// put is Put (dirfd < 0) and PutAt.
-func (s *Store) put(dirfd int, ns string, key, payload []byte) error {
 	if err := ValidateNamespace(ns); err != nil {
 		return err
 	}
@@ -53,21 +36,16 @@ func (s *Store) put(dirfd int, ns string, key, payload []byte) error {
 	if len(payload) > PayloadSizeMax {
 		return fmt.Errorf("%w: %d bytes, more than %d", ErrPayloadSize, len(payload), PayloadSizeMax)
 	}
-	nsDir := s.root + "/" + ns
-	owned := dirfd < 0
-	if owned {
-		fd, err := s.openNamespace(nsDir)
-		if err != nil {
-			return err
-		}
-		defer func() { unix.Close(dirfd) }()
-		dirfd = fd
+	cfg := s.programConfig(ns)
+	dirfd, err := s.openNamespace(cfg.Dir)
+	if err != nil {
+		return err
 	}
+	defer func() { unix.Close(dirfd) }()
 	hdr := headerPool.Get().(*[HeaderSize]byte)
 	defer headerPool.Put(hdr)
 	p := programPool.Get().(*Program)
 	defer programPool.Put(p)
-	cfg := s.programConfig(ns, nsDir)
 	if err := p.Start(cfg, OpStore, key, payload, hdr[:], false); err != nil {
 		return err
 	}
@@ -77,19 +55,15 @@ func (s *Store) put(dirfd int, ns string, key, payload []byte) error {
 			break
 		}
 		if p.Renew {
-			// A directory vanished; if it is the namespace directory,
-			// make it again, and work in the new one if the fd is ours.
+			// A directory vanished; if it was the namespace directory,
+			// make it again and go on in the new one.
 			p.Renew = false
-			fd, err := s.openNamespace(nsDir)
+			fd, err := s.openNamespace(cfg.Dir)
 			if err != nil {
 				return err
 			}
-			if owned {
-				unix.Close(dirfd)
-				dirfd = fd
-			} else {
-				unix.Close(fd)
-			}
+			unix.Close(dirfd)
+			dirfd = fd
 		}
 	}
 	if p.Status != StatusStored {
@@ -97,6 +71,9 @@ func (s *Store) put(dirfd int, ns string, key, payload []byte) error {
 	}
 	return nil
 }
+
+// programPool holds Programs for Put and Get.
+var programPool = sync.Pool{New: func() any { return new(Program) }}
 
 // openNamespace opens the namespace directory nsDir beneath which Put
 // works, creating it (again, if it was removed) when it is not there.
@@ -140,9 +117,14 @@ func cString(b *byte) string {
 }
 
 // programConfig is the configuration of Put's and Get's programs in
-// namespace ns, whose directory is nsDir.
-func (s *Store) programConfig(ns, nsDir string) *Config {
-	return &Config{Layout: s.layout, Durability: s.durability, Dir: nsDir, Namespace: ns, Dirs: nsDirs{s, nsDir}}
+// namespace ns (already valid), made once per namespace.
+func (s *Store) programConfig(ns string) *Config {
+	if c, ok := s.configs.Load(ns); ok {
+		return c.(*Config)
+	}
+	nsDir := s.root + "/" + ns
+	c, _ := s.configs.LoadOrStore(ns, &Config{Layout: s.layout, Durability: s.durability, Dir: nsDir, Namespace: ns, Dirs: nsDirs{s, nsDir}})
+	return c.(*Config)
 }
 
 // nsDirs is the Store's directory cache as a program's DirCache: the
@@ -217,7 +199,7 @@ func (s *Store) Get(ns string, key, buf []byte) (int, error) {
 	defer headerPool.Put(hdr)
 	p := programPool.Get().(*Program)
 	defer programPool.Put(p)
-	if err := p.Start(s.programConfig(ns, nsDir), OpLoad, key, buf[:size], hdr[:], false); err != nil {
+	if err := p.Start(s.programConfig(ns), OpLoad, key, buf[:size], hdr[:], false); err != nil {
 		return 0, err
 	}
 	for {

@@ -80,6 +80,8 @@ type Store struct {
 	dirsMu sync.RWMutex
 	dirs   map[string]struct{}
 
+	configs sync.Map // namespace -> *Config of Put's and Get's programs; built once per namespace
+
 	hooks *testHooks // nil outside tests; set before the Store is shared
 }
 
@@ -114,6 +116,9 @@ func Open(root string, opts Options) (*Store, error) {
 	}
 	if s.layout == nil {
 		s.layout = FanoutLayout{}
+	}
+	if err := (&Config{Layout: s.layout}).Check(); err != nil {
+		return nil, err // Put's and Get's programs would not fit their limits
 	}
 	if s.quarantine == "" {
 		s.quarantine = filepath.Join(abs, quarantineName)
@@ -153,8 +158,8 @@ func (s *Store) NamespaceDir(ns string) (string, error) {
 // directory it takes a read lock and a map lookup and does not allocate.
 // If a remembered directory is removed behind the Store's back, EnsureDir
 // notices when it has to create a directory inside it, and creates every
-// missing level again, the root included; a create of a file in it fails
-// with ENOENT instead: call ForgetDir and EnsureDir again (Put does).
+// missing level again, the root included. (Put keeps its own account, in
+// the same cache, through its store program.)
 func (s *Store) EnsureDir(ns string, key []byte) error {
 	if err := ValidateNamespace(ns); err != nil {
 		return err
@@ -177,15 +182,6 @@ func (s *Store) EnsureDir(ns string, key []byte) error {
 // pathPool holds path buffers: a stack array would escape through the
 // Layout interface call, costing an allocation per call.
 var pathPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
-
-// ForgetDir drops what EnsureDir remembers about key's directories, after
-// a create in them failed with ENOENT.
-func (s *Store) ForgetDir(ns string, key []byte) {
-	if ValidateNamespace(ns) != nil || ValidateKey(key) != nil {
-		return
-	}
-	s.forget(string(s.appendDir(nil, ns, key)))
-}
 
 // forget drops dir and its ancestors up to the root from what the Store
 // remembers: any of them may have gone.
