@@ -127,6 +127,11 @@ func (s *Store) programConfig(ns string) *Config {
 	return c.(*Config)
 }
 
+// DirCache returns the Store's record of which of namespace ns's
+// directories exist, as programs use it; safe for concurrent use. Programs
+// run elsewhere (the tier's sync engine) share it with Put.
+func (s *Store) DirCache(ns string) DirCache { return s.programConfig(ns).Dirs }
+
 // nsDirs is the Store's directory cache as a program's DirCache: the
 // programs name directories relative to the namespace directory.
 type nsDirs struct {

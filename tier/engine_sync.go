@@ -37,7 +37,7 @@ func newSyncBackend(t *Tier) (*syncBackend, error) {
 		wakeC: make(chan struct{}, 1),
 		timer: time.NewTimer(time.Hour),
 		ns:    ns,
-		cfg:   t.programConfig(&lockedDirs{dirs: dirSet{}}),
+		cfg:   t.programConfig(t.store.DirCache(t.opts.Namespace)),
 	}, nil
 }
 

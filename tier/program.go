@@ -1,10 +1,6 @@
 package tier
 
-import (
-	"sync"
-
-	"github.com/uringtier/uringtier/blockstore"
-)
+import "github.com/uringtier/uringtier/blockstore"
 
 // What both engines share to run blockstore's programs.
 
@@ -45,30 +41,3 @@ func (d dirSet) Remember(dir []byte) {
 	}
 }
 func (d dirSet) Forget(dir []byte) { delete(d, string(dir)) }
-
-// lockedDirs is a DirCache shared by the sync engine's workers.
-type lockedDirs struct {
-	mu   sync.RWMutex
-	dirs dirSet
-}
-
-func (d *lockedDirs) Known(dir []byte) bool {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	return d.dirs.Known(dir)
-}
-
-func (d *lockedDirs) Remember(dir []byte) {
-	if d.Known(dir) {
-		return
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.dirs.Remember(dir)
-}
-
-func (d *lockedDirs) Forget(dir []byte) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.dirs.Forget(dir)
-}
