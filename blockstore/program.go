@@ -207,6 +207,17 @@ type Program struct {
 	Key      [KeySizeMax]byte
 	KeyLen   uint8
 
+	progress // reset by Start; the buffers below are written before they are read
+
+	path  [PathMax]byte // the block, NUL-terminated
+	tmp   [PathMax]byte // a store's temporary file
+	dirs  [PathMax]byte // directories to create or sync, each NUL-terminated
+	qpath [quarantinePathMax]byte
+}
+
+// progress is a program's state between phases: small, so that Start
+// resets it without clearing the kilobytes of path buffers on every op.
+type progress struct {
 	cfg      *Config
 	buf      []byte // the payload
 	hdr      []byte // HeaderSize bytes, aligned where O_DIRECT is used
@@ -223,11 +234,7 @@ type Program struct {
 	hdrDone  int64
 	payDone  int64
 	cause    error
-	fd       int           // the file, for RunSync
-	path     [PathMax]byte // the block, NUL-terminated
-	tmp      [PathMax]byte // a store's temporary file
-	dirs     [PathMax]byte // directories to create or sync, each NUL-terminated
-	qpath    [quarantinePathMax]byte
+	fd       int // the file, for RunSync
 }
 
 // Config is what every program of one namespace shares. Immutable once
@@ -294,7 +301,8 @@ func (c *Config) Check() error {
 // hdr is HeaderSize bytes of the program's own, aligned for O_DIRECT;
 // direct asks loads to bypass the page cache.
 func (p *Program) Start(cfg *Config, op Op, key, buf, hdr []byte, direct bool) error {
-	*p = Program{Op: op, cfg: cfg, buf: buf, hdr: hdr, direct: direct, fd: -1}
+	p.Op, p.N, p.Status, p.Err, p.Canceled, p.Renew = op, 0, StatusPending, nil, false, false
+	p.progress = progress{cfg: cfg, buf: buf, hdr: hdr, direct: direct, fd: -1}
 	p.KeyLen = uint8(copy(p.Key[:], key))
 	path := append(cfg.Layout.AppendPath(p.path[:0], key), 0)
 	if len(path) > len(p.path) {
