@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -101,19 +100,10 @@ func (s *Store) call(p *Program, dirfd int, st *Step) int32 {
 				return -int32(err.(syscall.Errno))
 			}
 		case st.Op == StepRename && st.role == rolePublish && h.beforeRename != nil:
-			h.beforeRename(p.cfg.Dir + "/" + cString(st.Path))
+			h.beforeRename(p.cfg.Dir + "/" + string(cstr(p.tmp[:])))
 		}
 	}
 	return p.call(dirfd, st)
-}
-
-// cString returns the NUL-terminated string at b.
-func cString(b *byte) string {
-	n := 0
-	for *(*byte)(unsafe.Add(unsafe.Pointer(b), n)) != 0 {
-		n++
-	}
-	return string(unsafe.Slice(b, n))
 }
 
 // programConfig is the configuration of Put's and Get's programs in
