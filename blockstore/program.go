@@ -418,10 +418,14 @@ func (p *Program) Judge() bool {
 	case OpLookup:
 		s := &p.Steps[0]
 		switch r := s.Res; {
-		case r >= 0 && (s.Op != StepStatx || p.Stx.Mode&unix.S_IFMT == unix.S_IFREG):
+		case r >= 0 && (s.Op != StepStatx || p.Stx.Mode&unix.S_IFMT != unix.S_IFLNK):
+			// Something is there: whether it is a valid block (a regular
+			// file with the key's header and checksum) is a load's
+			// question, as for any corrupt block.
 			return p.decide(StatusFound, nil)
 		case r >= 0, r == -int32(unix.ENOENT), r == -int32(unix.ELOOP):
-			// Not a regular file, or a symlink on the way: no block there.
+			// A symlink at the path (or, for an open, on the way): no
+			// block there.
 			return p.decide(StatusMissing, nil)
 		default:
 			return p.decide(StatusFailed, p.pathError(s.Op, p.path[:], syscall.Errno(-r)))

@@ -131,8 +131,9 @@ func TestProgramLookup(t *testing.T) {
 	}{
 		{"found", []byte("x"), nil, unix.S_IFREG, StatusFound},
 		{"missing", nil, nil, 0, StatusMissing},
-		{"fifo", []byte("x"), nil, unix.S_IFIFO, StatusMissing},
-		{"symlink", []byte("x"), map[int]int32{0: -int32(unix.ELOOP)}, 0, StatusMissing},
+		{"fifo", []byte("x"), nil, unix.S_IFIFO, StatusFound}, // a load judges it
+		{"symlink at the path", []byte("x"), nil, unix.S_IFLNK, StatusMissing},
+		{"symlink on the way", []byte("x"), map[int]int32{0: -int32(unix.ELOOP)}, 0, StatusMissing},
 		{"eio", []byte("x"), map[int]int32{0: -int32(unix.EIO)}, 0, StatusFailed},
 	} {
 		t.Run(c.name, func(t *testing.T) {

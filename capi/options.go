@@ -42,13 +42,13 @@ var optionSetters = map[string]func(o *tier.Options, v string) error{
 		return fmt.Errorf("want none, data or full")
 	},
 	"lookup_op": func(o *tier.Options, v string) error {
-		for l := tier.LookupStatx; l <= tier.LookupOpenPath; l++ {
+		for l := tier.LookupOpenPath; l <= tier.LookupMixed; l++ {
 			if v == l.String() {
 				o.Lookup = l
 				return nil
 			}
 		}
-		return fmt.Errorf("want statx, mixed or openpath")
+		return fmt.Errorf("want openpath, statx or mixed")
 	},
 	"direct": func(o *tier.Options, v string) error {
 		b, err := strconv.ParseBool(v)

@@ -34,7 +34,7 @@ func TestParseOptions(t *testing.T) {
 		{"block_size=4096 lookup_timeout=5", "not a duration with a unit"},
 		{"block_size=4096 engine=fast", "want auto, uring or sync"},
 		{"block_size=4096 durability=some", "want none, data or full"},
-		{"block_size=4096 lookup_op=stat", "want statx, mixed or openpath"},
+		{"block_size=4096 lookup_op=stat", "want openpath, statx or mixed"},
 		{"block_size=4096 direct=maybe", "direct"},
 	} {
 		t.Run(tc.options, func(t *testing.T) {

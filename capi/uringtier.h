@@ -159,7 +159,7 @@ const char *ut_last_error(void);
  *   workers_max=N         kernel worker threads per ring [64]
  *   sync_workers=N        the sync engine's threads [16]
  *   breaker_threshold=N   stuck operations that open the circuit breaker [64]
- *   lookup_op=statx|mixed|openpath  the io_uring lookup operation [statx]
+ *   lookup_op=openpath|statx|mixed  the io_uring lookup operation [openpath]
  *   direct=true|false     O_DIRECT loads where the filesystem allows [true]
  *
  * D is a duration with a unit: "250ms", "5s", "1.5s", "100us".

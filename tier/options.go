@@ -53,26 +53,22 @@ const EngineEnv = "URINGTIER_ENGINE"
 type LookupOp uint8
 
 // Lookup operations. Measured on 2 CPUs, ext4 on virtio, 16,384 paths half
-// present, 1,024-key batches, one ring, three runs each (BenchmarkLookup,
-// BenchmarkLookupCold): warm, STATX 0.50–0.55 M keys/s, mixed 0.45–0.61 M,
-// O_PATH 0.39–0.45 M; after dropping caches STATX 0.116–0.121 M, mixed
-// 0.100–0.105 M, O_PATH 0.087–0.092 M.
+// present, 1,024-key batches, a ring per CPU, two interleaved runs
+// (BenchmarkLookup): O_PATH 0.51–0.53 M keys/s, STATX 0.32–0.37 M, mixed
+// (one ring) 0.30–0.36 M, a pool of 16 goroutines calling fstatat
+// 0.52–0.54 M; a round trip of 8 keys (BenchmarkLookupRoundTrip) took 23–26
+// µs by O_PATH and 87–98 µs by STATX on one ring.
 const (
-	// LookupStatx, the default, issues STATX, which always runs in a
-	// kernel worker: the workers answer on every CPU, and on a cold cache
-	// they wait for the disk or the server in parallel.
-	LookupStatx LookupOp = iota
-	// LookupMixed issues half of the lookups each way: the owner thread
-	// answers the O_PATH opens inline while kernel workers answer the
-	// STATX calls on other CPUs.
+	// LookupOpenPath, the default, opens the file with O_PATH into a
+	// fixed-file slot and closes it in the same chain: the kernel answers
+	// it inline, in the owner's thread, when the path is in the dentry
+	// cache, and hands it to a kernel worker when it is not.
+	LookupOpenPath LookupOp = iota
+	// LookupStatx issues STATX, which always runs in a kernel worker.
+	LookupStatx
+	// LookupMixed issues half of the lookups each way.
 	LookupMixed
-	// LookupOpenPath opens the file with O_PATH into a fixed-file slot and
-	// closes it in the same chain: the kernel answers it inline when the
-	// dentry is cached, without a worker thread, but on the owner's CPU
-	// only.
-	LookupOpenPath
 )
-
 // String returns "statx", "mixed" or "openpath".
 func (l LookupOp) String() string {
 	switch l {
@@ -134,15 +130,10 @@ type Options struct {
 	// a cache: a block torn by a power loss fails its checksum).
 	Durability blockstore.Durability
 	// Rings is the number of io_uring instances, each with its own owner
-	// thread; keys are spread over them by hash; at most 64. Default:
-	// GOMAXPROCS/2, at least 1 and at most 4. Owners sleep in Go's
-	// netpoller (with DEFER_TASKRUN) and hold no P there, but each is
-	// locked to its thread, and handing a woken owner to its thread
-	// still costs a round trip: measured on 2 CPUs, a round trip of 8
-	// warm lookups (BenchmarkLookupRoundTrip, medians of 5 interleaved
-	// runs that varied up to 3×) took 108 µs with one ring and 189 µs
-	// with two, against 119 µs and 203 µs when owners slept in
-	// io_uring_enter, and 50 µs for the sync engine.
+	// goroutine; keys are spread over them by hash, so that one request's
+	// keys use every CPU; at most 64. Default: GOMAXPROCS, at most 8.
+	// Measured on 2 CPUs, ext4, medians of 3 runs (BenchmarkLookupRoundTrip:
+	// one request of 8 warm keys, submit to result polled): ROUNDTRIP.
 	Rings int
 	// OpsMax is how many key operations one ring (or the sync engine) has
 	// in flight at most. Default 1024, at most 65,536.
@@ -159,7 +150,8 @@ type Options struct {
 	// 65,536; above OpsMax it never opens, since a ring holds at most
 	// OpsMax operations.
 	BreakerThreshold int
-	// Lookup picks the io_uring lookup operation; LookupStatx by default.
+	// Lookup picks the io_uring lookup operation; LookupOpenPath by
+	// default.
 	Lookup LookupOp
 	// NoDirect turns O_DIRECT off for loads even where it works.
 	NoDirect bool
@@ -188,7 +180,7 @@ func (o *Options) setDefaults() {
 	def(&o.Depth, 256)
 	def(&o.BatchMax, 4096)
 	def(&o.LookupCacheSize, 1<<20)
-	def(&o.Rings, min(max(runtime.GOMAXPROCS(0)/2, 1), 4))
+	def(&o.Rings, min(runtime.GOMAXPROCS(0), 8))
 	def(&o.OpsMax, 1024)
 	def(&o.WorkersMax, 64)
 	def(&o.SyncWorkers, 16)
@@ -241,7 +233,7 @@ func (o *Options) validate() error {
 		return bad("negative duration")
 	case o.Engine > EngineSync:
 		return bad("engine %v", o.Engine)
-	case o.Lookup > LookupOpenPath:
+	case o.Lookup > LookupMixed:
 		return bad("lookup op %d", o.Lookup)
 	case o.Durability > blockstore.DurabilityFull:
 		return bad("Durability %d (want none, data or full)", o.Durability)

@@ -303,7 +303,7 @@ func (c *config) validateWorkload() error {
 		return usagef("--dist %q: want uniform, zipf or hot", c.dist)
 	}
 	if _, ok := lookupOps[c.lookupOp]; !ok {
-		return usagef("--lookup-op %q: want statx, mixed or openpath", c.lookupOp)
+		return usagef("--lookup-op %q: want openpath, statx or mixed", c.lookupOp)
 	}
 	if _, ok := durabilities[c.durability]; !ok {
 		return usagef("--durability %q: want none, data or full", c.durability)

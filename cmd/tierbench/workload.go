@@ -44,7 +44,7 @@ func workloadFlags(withData bool) func(*flag.FlagSet, *config) {
 		fs.Float64Var(&c.hotShare, "hot-share", 0.9, "hot: the fraction of picks that go to the hot keys")
 
 		fs.IntVar(&c.rings, "rings", 0, "tier option Rings: io_uring instances (0: the tier's default, GOMAXPROCS/2 from 1 to 4)")
-		fs.StringVar(&c.lookupOp, "lookup-op", "statx", "tier option Lookup: the io_uring lookup operation, statx, mixed or openpath")
+		fs.StringVar(&c.lookupOp, "lookup-op", "openpath", "tier option Lookup: the io_uring lookup operation, openpath, statx or mixed")
 		fs.IntVar(&c.opsMax, "ops-max", 0, "tier option OpsMax: key operations in flight per ring (0: 1024)")
 		fs.IntVar(&c.workersMax, "workers-max", 0, "tier option WorkersMax: kernel worker threads per ring (0: 64)")
 		fs.IntVar(&c.syncWorkers, "sync-workers", 0, "tier option SyncWorkers: the sync engine's goroutines (0: 16)")
