@@ -299,7 +299,8 @@ func (c *Config) Check() error {
 // Start lays out the first phase of op on key. buf is the payload of a
 // load or store (the caller's memory, kept until the program is decided);
 // hdr is HeaderSize bytes of the program's own, aligned for O_DIRECT;
-// direct asks loads to bypass the page cache.
+// direct asks loads and stores to bypass the page cache (O_DIRECT: buf and
+// hdr aligned to HeaderSize).
 func (p *Program) Start(cfg *Config, op Op, key, buf, hdr []byte, direct bool) error {
 	p.Op, p.N, p.Status, p.Err, p.Canceled, p.Renew = op, 0, StatusPending, nil, false, false
 	p.progress = progress{cfg: cfg, buf: buf, hdr: hdr, direct: direct, fd: -1}

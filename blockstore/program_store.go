@@ -44,6 +44,9 @@ func (p *Program) layStore() {
 	}
 	EncodeHeader(p.hdr, key, p.buf)
 	p.How = unix.OpenHow{Flags: unix.O_WRONLY | unix.O_CREAT | unix.O_EXCL, Mode: fileMode, Resolve: ResolveBeneath}
+	if p.direct {
+		p.How.Flags |= unix.O_DIRECT // offloading must not fill the page cache
+	}
 	s := p.add(StepOpen, roleOpen, LinkOnSuccess)
 	s.Path, s.How = &p.tmp[0], &p.How
 	p.layStoreRest()

@@ -12,7 +12,7 @@ type engineInfo struct {
 	Fallback string `json:"fallback"`  // why auto chose sync; "" otherwise
 	Rings    int    `json:"rings"`     // io_uring instances
 	Flags    string `json:"flags"`     // io_uring setup flags in force
-	Direct   bool   `json:"direct"`    // loads use O_DIRECT (into page-aligned buffers)
+	Direct   bool   `json:"direct"`    // loads and stores of page-aligned buffers use O_DIRECT
 	NoDirect string `json:"no_direct"` // why not, when direct is false
 	FS       string `json:"fs"`        // the filesystem under the namespace directory
 	Inline   bool   `json:"inline"`    // reads and writes may complete in the owner thread

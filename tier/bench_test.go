@@ -113,8 +113,8 @@ func BenchmarkLookup(b *testing.B) {
 		kind EngineKind
 		mod  func(*Options)
 	}{
-		{"engine=uring-statx/rings=1", EngineURing, func(o *Options) { o.Rings = 1 }},
-		{"engine=uring-statx/rings=cpus", EngineURing, func(o *Options) { o.Rings = runtime.GOMAXPROCS(0) }},
+		{"engine=uring-statx/rings=1", EngineURing, func(o *Options) { o.Lookup, o.Rings = LookupStatx, 1 }},
+		{"engine=uring-statx/rings=cpus", EngineURing, func(o *Options) { o.Lookup, o.Rings = LookupStatx, runtime.GOMAXPROCS(0) }},
 		{"engine=uring-mixed/rings=1", EngineURing, func(o *Options) { o.Lookup, o.Rings = LookupMixed, 1 }},
 		{"engine=uring-openpath/rings=1", EngineURing, func(o *Options) { o.Lookup, o.Rings = LookupOpenPath, 1 }},
 		{"engine=uring-openpath/rings=cpus", EngineURing, func(o *Options) { o.Lookup, o.Rings = LookupOpenPath, runtime.GOMAXPROCS(0) }},
@@ -313,6 +313,38 @@ func BenchmarkStore(b *testing.B) {
 				b.ReportMetric(float64(caller.Nanoseconds())/float64(b.N*perRun), "caller-ns/key")
 			})
 		}
+	}
+}
+
+// BenchmarkLookupCached asks the same 1,024 keys (half present) again and
+// again, as a scheduler asks about a waiting request's prefix every step:
+// the lookup cache answers (LookupCacheTTL, a minute here).
+func BenchmarkLookupCached(b *testing.B) {
+	dir := lookupFixture(b)
+	keys := make([][]byte, lookupBatch)
+	for i := range keys {
+		keys[i] = testKey(i)
+	}
+	for _, e := range []struct {
+		name string
+		kind EngineKind
+	}{{"engine=uring", EngineURing}, {"engine=sync", EngineSync}} {
+		b.Run(e.name, func(b *testing.B) {
+			tr := benchTier(b, dir, e.kind, func(o *Options) { o.LookupCacheTTL = time.Minute })
+			runBatches(b, tr, 1, 1, func(req uint64) error { return tr.Lookup(req, keys) })
+			hits := tr.Stats().CacheHits
+			b.ReportAllocs()
+			var caller time.Duration
+			for b.Loop() {
+				caller += runBatches(b, tr, 4, 2, func(req uint64) error { return tr.Lookup(req, keys) })
+			}
+			n := float64(b.N) * 4 * lookupBatch
+			if got := float64(tr.Stats().CacheHits - hits); got != n {
+				b.Fatalf("%.0f of %.0f keys answered from the cache", got, n)
+			}
+			b.ReportMetric(n/b.Elapsed().Seconds(), "keys/s")
+			b.ReportMetric(float64(caller.Nanoseconds())/n, "caller-ns/key")
+		})
 	}
 }
 

@@ -206,6 +206,14 @@ func TestLookupCache(t *testing.T) {
 		require.NoError(t, tr.Lookup(2, testKeys(1, 2)))
 		assert.Equal(t, []Status{StatusFound, StatusMissing}, statuses(await(t, tr, 2)[2]))
 		assert.Equal(t, uint64(2), tr.Stats().CacheHits)
+		// A stale hit is safe: a load never uses the cache, reports the
+		// vanished block missing, and the cache learns it.
+		buf := make([]byte, testBlockSize)
+		require.NoError(t, tr.Load(10, testKeys(1), [][]byte{buf}))
+		assert.Equal(t, []Status{StatusMissing}, statuses(await(t, tr, 10)[10]))
+		require.NoError(t, tr.Lookup(11, testKeys(1)))
+		assert.Equal(t, []Status{StatusMissing}, statuses(await(t, tr, 11)[11]))
+		assert.Equal(t, uint64(3), tr.Stats().CacheHits)
 
 		tr.InvalidateLookups()
 		require.NoError(t, tr.Lookup(3, testKeys(1, 2)))
@@ -213,7 +221,7 @@ func TestLookupCache(t *testing.T) {
 
 		// The tier's own store updates the cache at once; a second store is
 		// answered "present" from it.
-		buf := testPayload(5)
+		buf = testPayload(5)
 		require.NoError(t, tr.Store(4, testKeys(5), [][]byte{buf}))
 		assert.Equal(t, []Status{StatusStored}, statuses(await(t, tr, 4)[4]))
 		hits := tr.Stats().CacheHits

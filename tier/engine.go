@@ -20,7 +20,8 @@ func isCanceled(err error) bool {
 	return errors.Is(err, syscall.ECANCELED) || errors.Is(err, syscall.EINTR)
 }
 
-// probeDirect says whether loads can use O_DIRECT in dir, and if not why.
+// probeDirect says whether loads and stores can use O_DIRECT in dir, and if
+// not why.
 func probeDirect(dir string, opts Options) (bool, string) {
 	switch {
 	case opts.NoDirect:
@@ -82,6 +83,13 @@ func inlineSafe(dir string) (bool, string) {
 		return false, "overlayfs"
 	}
 	return false, fmt.Sprintf("0x%x", uint32(st.Type))
+}
+
+// alignedBytes returns n bytes of the Go heap aligned for O_DIRECT.
+func alignedBytes(n int) []byte {
+	b := make([]byte, n+blockstore.HeaderSize)
+	off := -int(uintptr(unsafe.Pointer(&b[0]))) & (blockstore.HeaderSize - 1)
+	return b[off : off+n : off+n]
 }
 
 // aligned reports whether b can be an O_DIRECT target.

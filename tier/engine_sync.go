@@ -99,7 +99,7 @@ func (b *syncBackend) close() {
 func (b *syncBackend) worker() {
 	defer b.wg.Done()
 	p := make([]blockstore.Program, 1)
-	hdr := make([]byte, blockstore.HeaderSize)
+	hdr := alignedBytes(blockstore.HeaderSize)
 	for i := range b.work {
 		o := &b.ops[i]
 		o.status, o.err = b.run(&p[0], o, hdr)
@@ -110,7 +110,7 @@ func (b *syncBackend) worker() {
 // run executes o's program: one namespace directory for all its phases,
 // unless a store finds it gone.
 func (b *syncBackend) run(p *blockstore.Program, o *op, hdr []byte) (Status, error) {
-	if err := p.Start(&b.cfg, programOp[o.kind], o.keyBytes(), o.buf, hdr, false); err != nil {
+	if err := p.Start(&b.cfg, programOp[o.kind], o.keyBytes(), o.buf, hdr, b.t.engine.Direct && aligned(o.buf)); err != nil {
 		return StatusFailed, err
 	}
 	dir := b.ns.current()

@@ -40,6 +40,7 @@ var conformanceSuite = []struct {
 	{"TestBlocksSpanManyChunks", TestBlocksSpanManyChunks},
 	{"TestFailedOpenReleasesBuffers", TestFailedOpenReleasesBuffers},
 	{"TestDirectoryIsAFile", TestDirectoryIsAFile},
+	{"TestDirectBypassesPageCache", TestDirectBypassesPageCache},
 	{"TestAfterClose", TestAfterClose},
 	{"TestBuffersDuringClose", TestBuffersDuringClose},
 	{"TestQuarantineLogged", TestQuarantineLogged},

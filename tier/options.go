@@ -153,7 +153,11 @@ type Options struct {
 	// Lookup picks the io_uring lookup operation; LookupOpenPath by
 	// default.
 	Lookup LookupOp
-	// NoDirect turns O_DIRECT off for loads even where it works.
+	// NoDirect turns O_DIRECT off for loads and stores even where it
+	// works. With it on (the default, where the filesystem takes O_DIRECT
+	// and BlockSize is a multiple of 4 KiB), both engines load and store
+	// buffers aligned to 4 KiB (Tier.Buffers, uring.AllocBuffer) without
+	// the page cache; other buffers go through it.
 	NoDirect bool
 	// Buffers is how many aligned, registered buffers of BlockSize the
 	// tier allocates for callers (Tier.Buffers). Default 0, at most 16,383

@@ -63,7 +63,7 @@ type EngineInfo struct {
 	Fallback string     // why EngineAuto chose sync; empty otherwise
 	Rings    int        // io_uring instances
 	Flags    string     // io_uring setup flags in force
-	Direct   bool       // loads use O_DIRECT
+	Direct   bool       // loads and stores of aligned buffers use O_DIRECT
 	NoDirect string     // why not, when Direct is false
 	FS       string     // the filesystem under the namespace directory
 	// Broken says why the engine failed, once it has (ErrBroken); empty
@@ -195,7 +195,6 @@ func (t *Tier) startEngine() error {
 	}
 	if kind == EngineSync {
 		t.engine.Inline = false
-		t.engine.Direct, t.engine.NoDirect = false, "the sync engine reads through the page cache"
 		be, err := newSyncBackend(t)
 		if err != nil {
 			t.freeBuffers()
@@ -250,9 +249,9 @@ func (t *Tier) logEngine() {
 	}
 	t.log.Info("tier: engine", attrs...)
 	if e.Direct {
-		t.log.Info("tier: loads use O_DIRECT")
+		t.log.Info("tier: loads and stores use O_DIRECT")
 	} else {
-		t.log.Info("tier: loads read through the page cache", "why", e.NoDirect)
+		t.log.Info("tier: loads and stores go through the page cache", "why", e.NoDirect)
 	}
 }
 

@@ -229,6 +229,7 @@ func (d *driver) submit(req uint64, keys, bufs [][]byte) error {
 func (d *driver) observe(longest *time.Duration, dur time.Duration) {
 	*longest = max(*longest, dur)
 	d.res.callerMax = max(d.res.callerMax, dur)
+	d.res.callerHist.Record(dur)
 }
 
 // wait blocks until the tier has results, wake has passed, or the context

@@ -270,6 +270,9 @@ func sumResults(rs []*result) *result {
 		if r.OpLatencyHist != nil {
 			t.opHist.Add(r.OpLatencyHist)
 		}
+		if r.CallerHist != nil {
+			t.callerHist.Add(r.CallerHist)
+		}
 		if t.FirstError == "" {
 			t.FirstError = r.FirstError
 		}

@@ -106,7 +106,7 @@ func printTable(w io.Writer, rs []*result) {
 	if jobs {
 		job = "job\t"
 	}
-	fmt.Fprintln(tw, "engine  \tworkload\t"+job+"batch\tkeys\tkeys/s\tbytes/s\thit\tp50\tp99\tp99.9\tmax\tcaller max\tcpu/key\terrors\t")
+	fmt.Fprintln(tw, "engine  \tworkload\t"+job+"batch\tkeys\tkeys/s\tbytes/s\thit\tp50\tp99\tp99.9\tmax\tcaller p99.9\tcaller max\tcpu/key\terrors\t")
 	for _, r := range rs {
 		rate := "-"
 		if workloadOps[r.Workload] != tier.OpLookup {
@@ -123,9 +123,9 @@ func printTable(w io.Writer, rs []*result) {
 				job = "all\t"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n",
 			fmt.Sprintf("%-8s", r.Engine), fmt.Sprintf("%-8s", r.Workload), job, r.Batch, humanize.Comma(r.Keys), humanize.Comma(int64(r.KeysPerSec)), rate, hit,
-			dur(r.LatencyUS.P50), dur(r.LatencyUS.P99), dur(r.LatencyUS.P999), dur(r.LatencyUS.Max), dur(r.CallerMaxUS), dur(r.CPUUSPerKey), r.Errors)
+			dur(r.LatencyUS.P50), dur(r.LatencyUS.P99), dur(r.LatencyUS.P999), dur(r.LatencyUS.Max), dur(r.CallerUS.P999), dur(r.CallerMaxUS), dur(r.CPUUSPerKey), r.Errors)
 	}
 	tw.Flush()
 }
@@ -161,9 +161,9 @@ func engineLine(e tier.EngineInfo) string {
 		b.WriteString("plain syscalls on a pool of goroutines; ")
 	}
 	if e.Direct {
-		b.WriteString("loads with O_DIRECT")
+		b.WriteString("loads and stores with O_DIRECT")
 	} else {
-		fmt.Fprintf(&b, "loads through the page cache (%s)", e.NoDirect)
+		fmt.Fprintf(&b, "loads and stores through the page cache (%s)", e.NoDirect)
 	}
 	if e.Fallback != "" {
 		fmt.Fprintf(&b, "; auto fell back to sync: %s", e.Fallback)

@@ -55,9 +55,14 @@ type result struct {
 	LatencyHist *latency.Counts `json:"latency_hist"`
 	// OpLatencyHist is the histogram behind op_latency_us.
 	OpLatencyHist *latency.Counts `json:"op_latency_hist"`
+	// CallerUS is the distribution of single Lookup, Load, Store and Poll
+	// calls (its max is caller_max_us), CallerHist the histogram behind it.
+	CallerUS   latencyUS       `json:"caller_us"`
+	CallerHist *latency.Counts `json:"caller_hist"`
 
 	hist       latency.Counts // batch latencies: submit call to the Poll that returned the result
 	opHist     latency.Counts // the tier's kernel operation latencies during the workload
+	callerHist latency.Counts // single submit and Poll calls
 	latencyMax time.Duration  // the longest batch, exactly
 	callerMax  time.Duration  // the longer of submitMax and pollMax
 	submitMax  time.Duration  // the longest Lookup, Load or Store call
@@ -117,6 +122,7 @@ func (r *result) finish() {
 	r.LatencyUS = quantiles(&r.hist, r.latencyMax)
 	r.OpLatencyUS = quantiles(&r.opHist, 0)
 	r.LatencyHist, r.OpLatencyHist = &r.hist, &r.opHist
+	r.CallerUS, r.CallerHist = quantiles(&r.callerHist, r.callerMax), &r.callerHist
 }
 
 // intervalSample is the figures of one interval of a workload (--interval).

@@ -34,7 +34,7 @@ func workloadFlags(withData bool) func(*flag.FlagSet, *config) {
 		fs.Var(&c.depth, "depth", "batches in flight (submitted, not yet polled): N, or per workload as lookup=N,load=N,...")
 		fs.DurationVar(&c.duration, "duration", defaultDuration, "how long each workload submits")
 		fs.Int64Var(&c.keys, "keys", 0, "run each workload for this many keys instead of --duration")
-		fs.BoolVar(&c.direct, "direct", true, "load with O_DIRECT where the filesystem allows (io_uring engine); --direct=false reads through the page cache")
+		fs.BoolVar(&c.direct, "direct", true, "load and store with O_DIRECT where the filesystem allows (both engines); --direct=false goes through the page cache")
 		fs.BoolVar(&c.cold, "cold", false, "drop the page and dentry caches before each workload (root only)")
 		fs.DurationVar(&c.latency, "latency", 0, "serve --dir through a FUSE pass-through adding this latency to every operation (root, /dev/fuse, fusermount3)")
 
@@ -43,7 +43,7 @@ func workloadFlags(withData bool) func(*flag.FlagSet, *config) {
 		fs.Float64Var(&c.hotKeys, "hot-keys", 0.1, "hot: the fraction of the data set that is hot")
 		fs.Float64Var(&c.hotShare, "hot-share", 0.9, "hot: the fraction of picks that go to the hot keys")
 
-		fs.IntVar(&c.rings, "rings", 0, "tier option Rings: io_uring instances (0: the tier's default, GOMAXPROCS/2 from 1 to 4)")
+		fs.IntVar(&c.rings, "rings", 0, "tier option Rings: io_uring instances (0: the tier's default, GOMAXPROCS up to 8)")
 		fs.StringVar(&c.lookupOp, "lookup-op", "openpath", "tier option Lookup: the io_uring lookup operation, openpath, statx or mixed")
 		fs.IntVar(&c.opsMax, "ops-max", 0, "tier option OpsMax: key operations in flight per ring (0: 1024)")
 		fs.IntVar(&c.workersMax, "workers-max", 0, "tier option WorkersMax: kernel worker threads per ring (0: 64)")

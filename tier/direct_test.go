@@ -1,0 +1,93 @@
+package tier
+
+import (
+	"os"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// cachedPages returns how many of the file's pages are in the page cache.
+func cachedPages(t *testing.T, path string) int {
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	st, err := f.Stat()
+	require.NoError(t, err)
+	m, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	require.NoError(t, err)
+	defer unix.Munmap(m)
+	vec := make([]byte, (len(m)+os.Getpagesize()-1)/os.Getpagesize())
+	require.NoError(t, unix.Mincore(m, vec))
+	n := 0
+	for _, v := range vec {
+		n += int(v & 1)
+	}
+	return n
+}
+
+// TestDirectBypassesPageCache checks that both engines load and store
+// aligned buffers with O_DIRECT where the filesystem takes it, and through
+// the page cache with NoDirect: offloaded blocks must not fill it.
+func TestDirectBypassesPageCache(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		for _, direct := range []bool{true, false} {
+			t.Run(map[bool]string{true: "direct", false: "nodirect"}[direct], func(t *testing.T) {
+				tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.NoDirect = !direct })
+				e := tr.Engine()
+				if direct && e.FS == "tmpfs" {
+					t.Skip("tmpfs keeps every file in the page cache, O_DIRECT or not")
+				}
+				require.Equal(t, direct, e.Direct, "the probe: %s", e.NoDirect)
+				const n = 4
+				bufs := make([][]byte, n)
+				for i := range bufs {
+					bufs[i] = alignedBytes(testBlockSize)
+					copy(bufs[i], testPayload(i))
+				}
+				keys := testKeys(0, 1, 2, 3)
+				require.NoError(t, tr.Store(1, keys, bufs))
+				for _, k := range await(t, tr, 1)[1].Keys {
+					require.Equal(t, StatusStored, k.Status, "%v", k.Err)
+				}
+				cached := 0
+				for i := range n {
+					cached += cachedPages(t, blockFile(tr, i))
+				}
+				if direct {
+					assert.Zero(t, cached, "pages cached by direct stores")
+				} else {
+					assert.Positive(t, cached, "buffered stores cached nothing")
+				}
+
+				for i := range n { // out of the cache, to see whether loads bring them back
+					f, err := os.Open(blockFile(tr, i))
+					require.NoError(t, err)
+					require.NoError(t, unix.Fdatasync(int(f.Fd())))
+					require.NoError(t, unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED))
+					f.Close()
+					require.Zero(t, cachedPages(t, blockFile(tr, i)))
+				}
+				for i := range bufs {
+					clear(bufs[i])
+				}
+				require.NoError(t, tr.Load(2, keys, bufs))
+				for i, k := range await(t, tr, 2)[2].Keys {
+					require.Equal(t, StatusLoaded, k.Status, "%v", k.Err)
+					require.Equal(t, testPayload(i), bufs[i])
+				}
+				cached = 0
+				for i := range n {
+					cached += cachedPages(t, blockFile(tr, i))
+				}
+				if direct {
+					assert.Zero(t, cached, "pages cached by direct loads")
+				} else {
+					assert.Positive(t, cached, "buffered loads cached nothing")
+				}
+			})
+		}
+	})
+}
