@@ -180,12 +180,18 @@ func BenchmarkLookup(b *testing.B) {
 }
 
 // ioSizes are the block sizes of the load and store benchmarks: a small
-// KV-cache block and a large one.
+// KV-cache block, a middling one and a large one.
 var ioSizes = []struct {
 	name   string
 	size   int
 	blocks int
-}{{"64KiB", 64 << 10, 512}, {"2MiB", bigBlock, bigBlocks}}
+}{{"64KiB", 64 << 10, 512}, {"256KiB", 256 << 10, 192}, {"2MiB", bigBlock, bigBlocks}}
+
+// ioModes: both engines with O_DIRECT, and both through the page cache.
+var ioModes = []struct {
+	name     string
+	noDirect bool
+}{{"io=direct", false}, {"io=buffered", true}}
 
 // ioEngines are the engines of the load and store benchmarks: io_uring
 // with one ring and with a ring per CPU, and the sync engine.
@@ -230,26 +236,30 @@ func ioFixture(b *testing.B, size, blocks int) string {
 func BenchmarkLoad(b *testing.B) {
 	for _, sz := range ioSizes {
 		dir := ioFixture(b, sz.size, sz.blocks)
-		for _, e := range ioEngines() {
-			b.Run("size="+sz.name+"/"+e.name, func(b *testing.B) {
-				const depth = 4
-				tr := benchTier(b, dir, e.kind, func(o *Options) { o.BlockSize, o.Buffers, o.Rings = sz.size, depth, e.rings })
-				bufs := tr.Buffers()
-				b.SetBytes(int64(sz.size * sz.blocks)) // one loop iteration loads every block
-				b.ReportAllocs()
-				var caller time.Duration
-				for b.Loop() {
-					caller += runBatches(b, tr, sz.blocks, depth, func(req uint64) error {
-						i := int(req)
-						return tr.Load(req, [][]byte{testKey(i)}, bufs[i%depth:i%depth+1])
+		for _, m := range ioModes {
+			for _, e := range ioEngines() {
+				b.Run("size="+sz.name+"/"+m.name+"/"+e.name, func(b *testing.B) {
+					const depth = 4
+					tr := benchTier(b, dir, e.kind, func(o *Options) {
+						o.BlockSize, o.Buffers, o.Rings, o.NoDirect = sz.size, depth, e.rings, m.noDirect
 					})
-				}
-				b.ReportMetric(float64(b.N*sz.blocks)/b.Elapsed().Seconds(), "keys/s")
-				b.ReportMetric(float64(caller.Nanoseconds())/float64(b.N*sz.blocks), "caller-ns/key")
-			})
+					bufs := tr.Buffers()
+					b.SetBytes(int64(sz.size * sz.blocks)) // one loop iteration loads every block
+					b.ReportAllocs()
+					var caller time.Duration
+					for b.Loop() {
+						caller += runBatches(b, tr, sz.blocks, depth, func(req uint64) error {
+							i := int(req)
+							return tr.Load(req, [][]byte{testKey(i)}, bufs[i%depth:i%depth+1])
+						})
+					}
+					b.ReportMetric(float64(b.N*sz.blocks)/b.Elapsed().Seconds(), "keys/s")
+					b.ReportMetric(float64(caller.Nanoseconds())/float64(b.N*sz.blocks), "caller-ns/key")
+				})
+			}
 		}
 	}
-	b.Run("size=2MiB/engine=pread-direct/depth=1", func(b *testing.B) {
+	b.Run("size=2MiB/io=direct/engine=pread/depth=1", func(b *testing.B) {
 		dir := ioFixture(b, bigBlock, bigBlocks)
 		buf, fds := openBig(b, dir)
 		b.SetBytes(bigBlock * bigBlocks)
@@ -292,26 +302,30 @@ func openBig(b *testing.B, dir string) ([]byte, []int) {
 // block size and engine.
 func BenchmarkStore(b *testing.B) {
 	for _, sz := range ioSizes {
-		for _, e := range ioEngines() {
-			b.Run("size="+sz.name+"/"+e.name, func(b *testing.B) {
-				const depth, perRun = 4, 16
-				tr := benchTier(b, b.TempDir(), e.kind, func(o *Options) { o.BlockSize, o.Buffers, o.Rings = sz.size, depth, e.rings })
-				bufs := tr.Buffers()
-				b.SetBytes(int64(sz.size * perRun)) // one loop iteration stores perRun blocks
-				b.ReportAllocs()
-				run := 0
-				var caller time.Duration
-				for b.Loop() {
-					base := run * perRun
-					caller += runBatches(b, tr, perRun, depth, func(req uint64) error {
-						i := int(req)
-						return tr.Store(uint64(base+i), [][]byte{testKey(1_000_000 + base + i)}, bufs[i%depth:i%depth+1])
+		for _, m := range ioModes {
+			for _, e := range ioEngines() {
+				b.Run("size="+sz.name+"/"+m.name+"/"+e.name, func(b *testing.B) {
+					const depth, perRun = 4, 16
+					tr := benchTier(b, b.TempDir(), e.kind, func(o *Options) {
+						o.BlockSize, o.Buffers, o.Rings, o.NoDirect = sz.size, depth, e.rings, m.noDirect
 					})
-					run++
-				}
-				b.ReportMetric(float64(b.N*perRun)/b.Elapsed().Seconds(), "keys/s")
-				b.ReportMetric(float64(caller.Nanoseconds())/float64(b.N*perRun), "caller-ns/key")
-			})
+					bufs := tr.Buffers()
+					b.SetBytes(int64(sz.size * perRun)) // one loop iteration stores perRun blocks
+					b.ReportAllocs()
+					run := 0
+					var caller time.Duration
+					for b.Loop() {
+						base := run * perRun
+						caller += runBatches(b, tr, perRun, depth, func(req uint64) error {
+							i := int(req)
+							return tr.Store(uint64(base+i), [][]byte{testKey(1_000_000 + base + i)}, bufs[i%depth:i%depth+1])
+						})
+						run++
+					}
+					b.ReportMetric(float64(b.N*perRun)/b.Elapsed().Seconds(), "keys/s")
+					b.ReportMetric(float64(caller.Nanoseconds())/float64(b.N*perRun), "caller-ns/key")
+				})
+			}
 		}
 	}
 }
