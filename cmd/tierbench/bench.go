@@ -37,6 +37,11 @@ type limits struct {
 	onInterval func(intervalSample)
 }
 
+// streamShift splits a request ID: the bits from it up name the driver's
+// stream among the drivers sharing a tier (driveAll), the bits below it are
+// the driver's own seq × depth + slot. 2^48 batches outlast any run.
+const streamShift = 48
+
 // inflight is one submitted batch, in the slot its request ID names.
 type inflight struct {
 	busy  bool
@@ -46,17 +51,18 @@ type inflight struct {
 	bufs  [][]byte
 }
 
-// driver is the state of one drive call, owned by the goroutine running it.
+// driver is the state of one workload's stream of batches, owned by the
+// goroutine running driveAll.
 type driver struct {
-	ctx     context.Context
-	tr      *tier.Tier
-	w       workload
-	depth   int
-	lim     limits
-	res     *result       // what drive returns; filled as batches are polled
-	slots   []inflight    // one per batch in flight; slot s has request IDs ≡ s mod depth
-	free    []int         // slots ready for a batch, the next one last
-	results []tier.Result // Poll's destination, reused
+	ctx    context.Context
+	tr     *tier.Tier
+	w      workload
+	depth  int
+	lim    limits
+	stream uint64     // set before driveAll: request IDs are stream << streamShift + seq × depth + slot
+	res    *result    // what drive returns; filled as batches are polled
+	slots  []inflight // one per batch in flight; slot s has request IDs ≡ s mod depth (below streamShift)
+	free   []int      // slots ready for a batch, the next one last
 
 	seq       uint64 // batches submitted: the next request ID is seq × depth + slot
 	submitted int64  // keys submitted
@@ -64,13 +70,13 @@ type driver struct {
 	inFlight  int    // batches submitted and not yet polled
 	firstErr  error  // the first key that failed
 	submitErr error  // why submitting stopped early: a failed submit, or no slot left
+	halted    bool   // driveAll's until said stop: submit no more
+	ended     bool   // nothing in flight and nothing more to submit: res is final
 
-	start       time.Time       // when the workload began
-	deadline    time.Time       // with lim.keys == 0, when submitting stops
-	safety      *time.Timer     // wakes the wait when Ready stays quiet
-	interrupted <-chan struct{} // ctx.Done() until the interrupt has been handled, then nil
-	cpuStart    time.Duration   // the process's CPU time at the start
-	statsStart  tier.Stats      // the tier's counters at the start
+	start      time.Time     // when the workload began
+	deadline   time.Time     // with lim.keys == 0, when submitting stops
+	cpuStart   time.Duration // the process's CPU time at the start
+	statsStart tier.Stats    // the tier's counters at the start
 
 	// The interval being measured: its start, and the figures then.
 	ivStart time.Time
@@ -85,32 +91,19 @@ type driver struct {
 // are seq × depth + slot, so a result names its slot without a map.
 func drive(ctx context.Context, tr *tier.Tier, w workload, depth int, bufs [][]byte, lim limits) *result {
 	d := newDriver(ctx, tr, w, depth, bufs, lim)
-	d.start = time.Now()
-	d.ivStart = d.start
-	d.deadline = d.start.Add(lim.duration)
-	wake := time.Second
-	if lim.interval > 0 {
-		wake = min(wake, lim.interval)
-	}
-	d.safety = time.NewTimer(wake)
-	defer d.safety.Stop()
-	d.loop(wake)
-	d.finish()
+	driveAll(ctx, tr, []*driver{d}, nil)
 	return d.res
 }
 
 // newDriver sets up the slots, each with its keys and its share of bufs,
-// all free, and notes the tier's counters and the CPU time at the start.
+// all free.
 func newDriver(ctx context.Context, tr *tier.Tier, w workload, depth int, bufs [][]byte, lim limits) *driver {
 	d := &driver{
 		ctx: ctx, tr: tr, w: w, depth: depth, lim: lim,
-		res:         &result{Workload: w.name, Batch: w.batch, Depth: depth, BlockSize: tr.BlockSize()},
-		slots:       make([]inflight, depth),
-		free:        make([]int, 0, depth),
-		results:     make([]tier.Result, depth),
-		interrupted: ctx.Done(),
+		res:   &result{Workload: w.name, Batch: w.batch, Depth: depth, BlockSize: tr.BlockSize()},
+		slots: make([]inflight, depth),
+		free:  make([]int, 0, depth),
 	}
-	d.statsStart = tr.Stats()
 	for s := range d.slots {
 		d.slots[s].keys = make([][]byte, w.batch)
 		if bufs != nil {
@@ -120,8 +113,26 @@ func newDriver(ctx context.Context, tr *tier.Tier, w workload, depth int, bufs [
 	for s := depth - 1; s >= 0; s-- {
 		d.free = append(d.free, s)
 	}
-	d.cpuStart = cpuTime()
 	return d
+}
+
+// begin notes the start: the time, the deadline, the tier's counters and
+// the CPU time.
+func (d *driver) begin(now time.Time) {
+	d.start, d.ivStart = now, now
+	d.deadline = now.Add(d.lim.duration)
+	d.statsStart = d.tr.Stats()
+	d.cpuStart = cpuTime()
+}
+
+// wake is how long a wait may last without a result: a second, or the
+// interval, for the safety timer.
+func (d *driver) wake() time.Duration {
+	wake := time.Second
+	if d.lim.interval > 0 {
+		wake = min(wake, d.lim.interval)
+	}
+	return wake
 }
 
 // cpuTime returns the user and system CPU time of the whole process
@@ -136,26 +147,96 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// loop submits into every free slot, waits for the tier, polls, and again,
-// until submitting has stopped and nothing is in flight.
-func (d *driver) loop(wake time.Duration) {
-	for {
-		d.submitFree()
-		if d.inFlight == 0 && (!d.more(time.Now()) || len(d.free) == 0) {
-			if len(d.free) == 0 && d.submitErr == nil {
-				d.submitErr = fmt.Errorf("%s: every batch's buffers are held by a filesystem that does not answer", d.w.name)
+// mux is several drivers sharing one tier, as the streams of one caller
+// (an inference scheduler's lookups, loads and stores) share it: one
+// goroutine submits for each, waits on the tier's one Ready, polls, and
+// hands every result to the driver whose stream its request ID names.
+type mux struct {
+	tr          *tier.Tier
+	ds          []*driver       // the streams; ds[i].stream differ
+	until       func() bool     // if not nil, asked after each round: true stops every driver submitting
+	results     []tier.Result   // Poll's destination, reused
+	safety      *time.Timer     // wakes the wait when Ready stays quiet
+	interrupted <-chan struct{} // ctx.Done() until the interrupt has been handled, then nil
+}
+
+// driveAll runs the drivers ds on tr at once, each until its limits say
+// stop (or until returns true), then waits for every batch; each driver's
+// result is final (finish) when its own last batch has been polled. Their
+// streams must differ: a result goes to the driver whose stream its
+// request ID names.
+func driveAll(ctx context.Context, tr *tier.Tier, ds []*driver, until func() bool) {
+	m := &mux{tr: tr, ds: ds, until: until, interrupted: ctx.Done()}
+	depth := 0
+	wake := time.Second
+	now := time.Now()
+	for i, d := range ds {
+		for _, e := range ds[:i] {
+			if e.stream == d.stream {
+				panic(fmt.Sprintf("tierbench: two drivers of stream %d", d.stream))
 			}
+		}
+		depth += d.depth
+		wake = min(wake, d.wake())
+		d.begin(now)
+	}
+	m.results = make([]tier.Result, depth)
+	m.safety = time.NewTimer(wake)
+	defer m.safety.Stop()
+	m.loop(wake)
+}
+
+// loop submits into every free slot of every driver, waits for the tier,
+// polls, and again, until no driver submits and nothing is in flight.
+func (m *mux) loop(wake time.Duration) {
+	for {
+		live := 0
+		for _, d := range m.ds {
+			if d.ended {
+				continue
+			}
+			d.submitFree()
+			if d.idle() {
+				d.ended = true
+				d.finish()
+				continue
+			}
+			live++
+		}
+		if live == 0 {
 			return
 		}
-		d.wait(wake)
-		d.pollAll()
-		d.interval(time.Now(), false)
+		if m.until != nil && m.until() {
+			for _, d := range m.ds {
+				d.halted = true
+			}
+		}
+		m.wait(wake)
+		m.pollAll()
+		now := time.Now()
+		for _, d := range m.ds {
+			if !d.ended {
+				d.interval(now, false)
+			}
+		}
 	}
+}
+
+// idle reports whether d has nothing in flight and will submit nothing
+// more; if that is because every slot's buffers are held, it says so.
+func (d *driver) idle() bool {
+	if d.inFlight != 0 || d.more(time.Now()) && len(d.free) > 0 {
+		return false
+	}
+	if len(d.free) == 0 && d.submitErr == nil {
+		d.submitErr = fmt.Errorf("%s: every batch's buffers are held by a filesystem that does not answer", d.w.name)
+	}
+	return true
 }
 
 // more reports whether another batch may be submitted at now.
 func (d *driver) more(now time.Time) bool {
-	if d.submitErr != nil || d.ctx.Err() != nil {
+	if d.halted || d.submitErr != nil || d.ctx.Err() != nil {
 		return false
 	}
 	if d.lim.keys > 0 {
@@ -191,6 +272,10 @@ func (d *driver) submitNext() bool {
 	}
 	d.w.fill(keys, bufs)
 	req := d.seq*uint64(d.depth) + uint64(s)
+	if req>>streamShift != 0 {
+		panic(fmt.Sprintf("tierbench: %s: request %d overflows its stream's IDs", d.w.name, req))
+	}
+	req |= d.stream << streamShift
 	t0 := time.Now()
 	err := d.submit(req, keys, bufs)
 	d.observe(&d.res.submitMax, time.Since(t0))
@@ -235,38 +320,66 @@ func (d *driver) observe(longest *time.Duration, dur time.Duration) {
 // wait blocks until the tier has results, wake has passed, or the context
 // is done; on the first interrupt it cancels every batch in flight, so
 // that polling drains them.
-func (d *driver) wait(wake time.Duration) {
-	d.safety.Reset(wake)
+func (m *mux) wait(wake time.Duration) {
+	m.safety.Reset(wake)
 	select {
-	case <-d.tr.Ready():
-	case <-d.safety.C:
-	case <-d.interrupted:
-		d.interrupted = nil
-		for s := range d.slots {
-			if d.slots[s].busy {
-				d.tr.Cancel(d.slots[s].req)
+	case <-m.tr.Ready():
+	case <-m.safety.C:
+	case <-m.interrupted:
+		m.interrupted = nil
+		for _, d := range m.ds {
+			for s := range d.slots {
+				if d.slots[s].busy {
+					m.tr.Cancel(d.slots[s].req)
+				}
 			}
 		}
 	}
 }
 
-// pollAll polls until the tier has nothing more, completing every result.
-func (d *driver) pollAll() {
+// pollAll polls until the tier has nothing more, handing every result to
+// its driver. Each Poll call counts as a call of every driver still
+// running: it is the one caller's, on behalf of them all.
+func (m *mux) pollAll() {
 	for {
 		t0 := time.Now()
-		n := d.tr.Poll(d.results)
+		n := m.tr.Poll(m.results)
 		now := time.Now()
-		d.observe(&d.res.pollMax, now.Sub(t0))
+		for _, d := range m.ds {
+			if !d.ended {
+				d.observe(&d.res.pollMax, now.Sub(t0))
+			}
+		}
 		if n == 0 {
 			return
 		}
-		for _, r := range d.results[:n] {
-			d.complete(r, now)
+		for _, r := range m.results[:n] {
+			if d := m.driverOf(r); d != nil {
+				d.complete(r, now)
+			}
 		}
-		if d.lim.progress != nil {
-			d.lim.progress(d.done)
+		for _, d := range m.ds {
+			if d.lim.progress != nil {
+				d.lim.progress(d.done)
+			}
 		}
 	}
+}
+
+// driverOf returns the driver whose stream r's request ID names. An
+// OpRelease may name none: a batch of an earlier driveAll on this tier got
+// its buffers back.
+func (m *mux) driverOf(r tier.Result) *driver {
+	stream := r.Req >> streamShift
+	for _, d := range m.ds {
+		if d.stream == stream {
+			return d
+		}
+	}
+	if r.Op != tier.OpRelease {
+		panic(fmt.Sprintf("tierbench: result for request %d of no stream", r.Req))
+	}
+	return nil
 }
 
 // complete accounts for one polled result and frees its slot, unless the
@@ -275,7 +388,7 @@ func (d *driver) complete(r tier.Result, now time.Time) {
 	if r.Op == tier.OpRelease {
 		return // a timed-out batch's buffers came back; its slot is free already
 	}
-	s := int(r.Req % uint64(d.depth))
+	s := int((r.Req & (1<<streamShift - 1)) % uint64(d.depth))
 	sl := &d.slots[s]
 	if !sl.busy {
 		panic(fmt.Sprintf("tierbench: result for request %d in idle slot %d", r.Req, s))

@@ -64,6 +64,11 @@ type config struct {
 	lowSize   sizeFlag
 	repair    bool
 
+	// mixed
+	mix        perOp    // streams of each workload at once on one tier
+	storeBytes sizeFlag // payload the mixed phase's stores write; 0: as long as the readers run
+	baseline   bool     // run the mix without its stores first
+
 	// key distribution
 	dist      string  // uniform, zipf or hot
 	zipfS     float64 // zipf: the exponent s > 1
@@ -189,7 +194,7 @@ var durabilities = map[string]blockstore.Durability{"none": blockstore.Durabilit
 // isWorkload reports whether the command runs workloads.
 func (c *config) isWorkload() bool {
 	switch c.command {
-	case "run", "lookup", "load", "store", "prefix":
+	case "run", "lookup", "load", "store", "prefix", "mixed":
 		return true
 	}
 	return false
@@ -197,10 +202,19 @@ func (c *config) isWorkload() bool {
 
 // workloadNames returns the workloads the command runs, in order.
 func (c *config) workloadNames() []string {
-	if c.command != "run" {
-		return []string{c.command}
+	switch c.command {
+	case "run":
+		return strings.Split(c.workloads, ",")
+	case "mixed":
+		var names []string
+		for _, name := range mixOrder {
+			if c.mix.get(name, 0) > 0 {
+				names = append(names, name)
+			}
+		}
+		return names
 	}
-	return strings.Split(c.workloads, ",")
+	return []string{c.command}
 }
 
 // validate checks what flag parsing cannot: ranges and combinations.
@@ -223,7 +237,7 @@ func (c *config) validate() error {
 		}
 	}
 	switch c.command {
-	case "run", "lookup", "load", "store", "prefix":
+	case "run", "lookup", "load", "store", "prefix", "mixed":
 		if c.engine != "all" {
 			if _, err := tier.ParseEngine(c.engine); err != nil {
 				return usagef("--engine %q: want auto, uring, sync or all", c.engine)
@@ -250,6 +264,11 @@ func (c *config) validate() error {
 		}
 		if c.latency < 0 {
 			return usagef("--latency %v: want a positive duration", c.latency)
+		}
+		if c.command == "mixed" {
+			if err := c.validateMix(); err != nil {
+				return err
+			}
 		}
 	case "populate":
 		if _, err := tier.ParseEngine(c.engine); err != nil {

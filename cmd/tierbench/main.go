@@ -4,11 +4,12 @@
 // runs lookup, load and store workloads with every engine available on this
 // machine, prints one side-by-side table and removes the directory. The other
 // subcommands populate a real directory, run one workload against it (lookup,
-// load, store, prefix), draw a run's JSON lines (report), or run the block
-// store's maintenance (verify, clean, du, evict). A workload can run in
-// several processes on one directory (--jobs), print a line per interval
-// (--interval), serve the tier's Prometheus metrics (--metrics-addr) and draw
-// itself (--plot). Run "tierbench -h" for the usage text.
+// load, store, prefix) or several at once on one tier (mixed), draw a run's
+// JSON lines (report), or run the block store's maintenance (verify, clean,
+// du, evict). A workload can run in several processes on one directory
+// (--jobs), print a line per interval (--interval), serve the tier's
+// Prometheus metrics (--metrics-addr) and draw itself (--plot). Run
+// "tierbench -h" for the usage text.
 //
 // The flags stay the standard library's flag package: each subcommand's file
 // registers its FlagSet's flags, which a CLI library would not make clearer.
@@ -54,6 +55,7 @@ var commands = []command{
 	{"load", "benchmark loads against a populated directory", workloadFlags(false), cmdWorkload("load")},
 	{"store", "benchmark stores of new blocks into a populated directory", workloadFlags(false), cmdWorkload("store")},
 	{"prefix", "benchmark prefix lookups: chains of keys, each request stopping at its first miss", workloadFlags(false), cmdWorkload("prefix")},
+	{"mixed", "benchmark lookups and loads with and without stores at once on one tier: p99 side by side", mixedFlags, cmdMixed},
 	{"report", "summarize a --json output file and draw it (--plot out.png or .svg)", reportFlags, cmdReport},
 	{"verify", "checksum every block; exit status 1 if corrupt blocks remain", verifyFlags, cmdVerify},
 	{"clean", "remove temporary files left by writers that died", cleanFlags, cmdClean},

@@ -61,12 +61,20 @@ func (s *session) report(rs []*result) error {
 				return err
 			}
 		}
+		for _, r := range s.ratios {
+			if err := enc.Encode(r); err != nil {
+				return err
+			}
+		}
 		for _, n := range s.notes {
 			fmt.Fprintf(c.stderr, "tierbench: %s\n", n)
 		}
 	} else {
 		printTable(c.stdout, rs)
 		fmt.Fprintln(c.stdout)
+		for _, r := range s.ratios {
+			fmt.Fprintln(c.stdout, r.text)
+		}
 		seen := map[string]bool{}
 		for _, r := range rs {
 			if !seen[r.EngineLine] && r.EngineLine != "" {
@@ -95,16 +103,21 @@ func (s *session) report(rs []*result) error {
 	return nil
 }
 
-// printTable prints one row per engine × workload (× job, with --jobs).
+// printTable prints one row per engine × workload (× job, with --jobs;
+// × phase, for mixed).
 func printTable(w io.Writer, rs []*result) {
-	jobs := false
+	jobs, phases := false, false
 	for _, r := range rs {
 		jobs = jobs || r.Jobs > 1 || r.Job > 0
+		phases = phases || r.Phase != ""
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	job := ""
 	if jobs {
 		job = "job\t"
+	}
+	if phases {
+		job = "phase   \t" + job
 	}
 	fmt.Fprintln(tw, "engine  \tworkload\t"+job+"batch\tkeys\tkeys/s\tbytes/s\thit\tp50\tp99\tp99.9\tmax\tcaller p99.9\tcaller max\tcpu/key\terrors\t")
 	for _, r := range rs {
@@ -122,6 +135,9 @@ func printTable(w io.Writer, rs []*result) {
 			if r.Job < 0 {
 				job = "all\t"
 			}
+		}
+		if phases {
+			job = fmt.Sprintf("%-8s\t", r.Phase) + job
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n",
 			fmt.Sprintf("%-8s", r.Engine), fmt.Sprintf("%-8s", r.Workload), job, r.Batch, humanize.Comma(r.Keys), humanize.Comma(int64(r.KeysPerSec)), rate, hit,
@@ -207,6 +223,9 @@ func intervalLine(smp intervalSample, jobs bool) string {
 	job := ""
 	if jobs {
 		job = fmt.Sprintf("job %d ", smp.Job)
+	}
+	if smp.Phase != "" {
+		job += smp.Phase + " "
 	}
 	rate := "-"
 	if workloadOps[smp.Workload] != tier.OpLookup {

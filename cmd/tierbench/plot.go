@@ -75,7 +75,7 @@ func writePlot(path string, intervals []intervalSample, rs []*result) error {
 		add(p99, name, lat, style(name))
 	}
 	for _, r := range rs {
-		name := r.Engine + " " + r.Workload
+		name := seriesName(r.Engine, r.Workload, r.Phase)
 		if r.LatencyHist != nil {
 			add(batchCDF, name, cdf(r.LatencyHist), style(name))
 		}
@@ -212,17 +212,26 @@ func cdf(h *latency.Counts) plotter.XYs {
 	return xys
 }
 
-// seriesOf groups intervals by engine and workload; the jobs' i-th
-// intervals of a workload are summed (keys/s, bytes/s) and their worst p99
-// kept.
+// seriesName names a line: engine, workload and, for mixed, phase.
+func seriesName(engine, workload, phase string) string {
+	if phase != "" {
+		return engine + " " + workload + " " + phase
+	}
+	return engine + " " + workload
+}
+
+// seriesOf groups intervals by engine, workload (and mixed's phase); the
+// i-th intervals of a workload's jobs (or mixed's streams) are summed
+// (keys/s, bytes/s) and their worst p99 kept.
 func seriesOf(intervals []intervalSample) map[string][]intervalSample {
 	type key struct {
-		name string
-		job  int
+		name   string
+		job    int
+		stream int
 	}
 	perJob := map[key][]intervalSample{}
 	for _, smp := range intervals {
-		k := key{smp.Engine + " " + smp.Workload, smp.Job}
+		k := key{seriesName(smp.Engine, smp.Workload, smp.Phase), smp.Job, smp.Stream}
 		perJob[k] = append(perJob[k], smp)
 	}
 	out := map[string][]intervalSample{}

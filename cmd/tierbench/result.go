@@ -59,6 +59,11 @@ type result struct {
 	// calls (its max is caller_max_us), CallerHist the histogram behind it.
 	CallerUS   latencyUS       `json:"caller_us"`
 	CallerHist *latency.Counts `json:"caller_hist"`
+	// Phase is mixed's phase: "baseline" (the mix without its stores) or
+	// "mixed" (with them); Streams how many streams of the workload the
+	// row sums, each with Depth batches in flight.
+	Phase   string `json:"phase,omitempty"`
+	Streams int    `json:"streams,omitempty"`
 
 	hist       latency.Counts // batch latencies: submit call to the Poll that returned the result
 	opHist     latency.Counts // the tier's kernel operation latencies during the workload
@@ -141,6 +146,8 @@ type intervalSample struct {
 	InFlight    int     `json:"in_flight"`         // the tier's key operations in flight at the interval's end
 	Queued      int     `json:"queued"`            // requests waiting for operation slots then
 	Batches     int     `json:"batches_in_flight"` // batches submitted and not yet polled then
+	Phase       string  `json:"phase,omitempty"`   // mixed: the phase
+	Stream      int     `json:"stream,omitempty"`  // mixed: which of the workload's streams
 }
 
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }

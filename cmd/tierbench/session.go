@@ -28,6 +28,7 @@ type session struct {
 	metrics   *tierMetrics
 	live      *liveOutput // --interval lines; the results as they come, in a job's process
 	intervals []intervalSample
+	ratios    []mixRatio    // mixed: what the stores did to the readers, per engine
 	barrierIn *bufio.Reader // a job's process: the parent's go-ahead for each workload
 }
 

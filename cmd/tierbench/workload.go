@@ -12,7 +12,7 @@ import (
 )
 
 // workloadFlags registers the flags of run (withData: it also populates)
-// and of lookup, load, store and prefix.
+// and of lookup, load, store, prefix and mixed.
 func workloadFlags(withData bool) func(*flag.FlagSet, *config) {
 	return func(fs *flag.FlagSet, c *config) {
 		if withData {
@@ -103,19 +103,20 @@ func (s *session) runWorkloads(ctx context.Context, names []string) ([]*result, 
 	if s.c.jobs > 1 && !s.child() {
 		return s.runJobs(ctx, names)
 	}
-	return s.runEngines(ctx, names)
+	return s.runEngines(func(kind tier.EngineKind) ([]*result, error) { return s.runEngine(ctx, kind, names) })
 }
 
-// runEngines runs the named workloads with each engine --engine names, in
-// turn, through the FUSE latency while --latency asks for it.
-func (s *session) runEngines(ctx context.Context, names []string) ([]*result, error) {
+// runEngines runs runEngine (the named workloads, or the mix) with each
+// engine --engine names, in turn, through the FUSE latency while
+// --latency asks for it.
+func (s *session) runEngines(runEngine func(tier.EngineKind) ([]*result, error)) ([]*result, error) {
 	unmount, err := s.mountLatency()
 	if err != nil {
 		return nil, err
 	}
 	var all []*result
 	for _, kind := range s.engines() {
-		rs, err := s.runEngine(ctx, kind, names)
+		rs, err := runEngine(kind)
 		all = append(all, rs...)
 		if err != nil {
 			unmount()
@@ -154,17 +155,8 @@ func (s *session) runEngine(ctx context.Context, kind tier.EngineKind, names []s
 		if ctx.Err() != nil {
 			break
 		}
-		op, batch, depth := workloadOps[name], s.batchFor(name), s.depthFor(name)
-		var w workload
-		switch name {
-		case "store":
-			w = s.storeWorkload(name, batch, uint64(max(s.c.jobIndex, 0)), uint64(s.c.jobs))
-		case "prefix":
-			ks := newKeySet(s.m, s.c.hitRatio, s.dist())
-			w = workload{name: name, op: op, prefix: true, batch: batch, fill: func(keys, _ [][]byte) { ks.chain(keys) }}
-		default:
-			w = readWorkload(name, op, batch, newKeySet(s.m, s.c.hitRatio, s.dist()))
-		}
+		op, depth := workloadOps[name], s.depthFor(name)
+		w := s.newWorkload(name)
 		if s.c.cold {
 			s.dropCaches()
 		}
@@ -185,9 +177,7 @@ func (s *session) runEngine(ctx context.Context, kind tier.EngineKind, names []s
 			}
 		}
 		r := drive(ctx, tr, w, depth, bufs, lim)
-		r.Engine, r.EngineLine, r.Direct, r.Dir = info.Kind.String(), engineLine(info), info.Direct && op == tier.OpLoad, s.root
-		r.Cold = s.c.cold && s.cold
-		r.Job, r.Dist = max(s.c.jobIndex, 0), s.dist().String()
+		s.label(r, info)
 		if name == "store" {
 			s.m.Blocks = max(s.m.Blocks, s.storeBase+s.stored)
 		}
@@ -195,6 +185,30 @@ func (s *session) runEngine(ctx context.Context, kind tier.EngineKind, names []s
 		s.emit(r)
 	}
 	return out, closeTier(tr)
+}
+
+// newWorkload returns the named workload with its --batch: stores of new
+// keys (this job's share), prefix chains, or lookups or loads of keys
+// drawn from a key set of its own.
+func (s *session) newWorkload(name string) workload {
+	op, batch := workloadOps[name], s.batchFor(name)
+	switch name {
+	case "store":
+		return s.storeWorkload(name, batch, uint64(max(s.c.jobIndex, 0)), uint64(s.c.jobs))
+	case "prefix":
+		ks := newKeySet(s.m, s.c.hitRatio, s.dist())
+		return workload{name: name, op: op, prefix: true, batch: batch, fill: func(keys, _ [][]byte) { ks.chain(keys) }}
+	}
+	return readWorkload(name, op, batch, newKeySet(s.m, s.c.hitRatio, s.dist()))
+}
+
+// label fills in what a result of r.Workload on the tier info describes
+// ran with: the engine, the directory, the caches, the job, the keys.
+func (s *session) label(r *result, info tier.EngineInfo) {
+	r.Engine, r.EngineLine, r.Dir = info.Kind.String(), engineLine(info), s.root
+	r.Direct = info.Direct && workloadOps[r.Workload] == tier.OpLoad
+	r.Cold = s.c.cold && s.cold
+	r.Job, r.Dist = max(s.c.jobIndex, 0), s.dist().String()
 }
 
 // storeWorkload writes new blocks: key s.storeBase + off + i × stride for
