@@ -21,11 +21,19 @@ var optionSetters = map[string]func(o *tier.Options, v string) error{
 		}
 		return nil
 	},
-	"depth":             intOption(func(o *tier.Options) *int { return &o.Depth }),
-	"batch_max":         intOption(func(o *tier.Options) *int { return &o.BatchMax }),
-	"lookup_timeout":    durationOption(func(o *tier.Options) *time.Duration { return &o.LookupTimeout }),
-	"io_timeout":        durationOption(func(o *tier.Options) *time.Duration { return &o.IOTimeout }),
-	"cache_ttl":         durationOption(func(o *tier.Options) *time.Duration { return &o.LookupCacheTTL }),
+	"depth":          intOption(func(o *tier.Options) *int { return &o.Depth }),
+	"batch_max":      intOption(func(o *tier.Options) *int { return &o.BatchMax }),
+	"lookup_timeout": durationOption(func(o *tier.Options) *time.Duration { return &o.LookupTimeout }),
+	"io_timeout":     durationOption(func(o *tier.Options) *time.Duration { return &o.IOTimeout }),
+	"cache_ttl": func(o *tier.Options, v string) error {
+		if err := durationOption(func(o *tier.Options) *time.Duration { return &o.LookupCacheTTL })(o, v); err != nil {
+			return err
+		}
+		if o.LookupCacheTTL == 0 {
+			o.LookupCacheTTL = -1 // 0 turns the cache off; unset, the tier's default
+		}
+		return nil
+	},
 	"cache_size":        intOption(func(o *tier.Options) *int { return &o.LookupCacheSize }),
 	"rings":             intOption(func(o *tier.Options) *int { return &o.Rings }),
 	"ops_max":           intOption(func(o *tier.Options) *int { return &o.OpsMax }),

@@ -23,6 +23,9 @@ func TestParseOptions(t *testing.T) {
 		LookupCacheSize: 10, Durability: blockstore.DurabilityFull, Rings: 2, OpsMax: 64, WorkersMax: 4,
 		SyncWorkers: 3, BreakerThreshold: 7, Lookup: tier.LookupOpenPath, NoDirect: true,
 	}, got)
+	got, err = parseOptions("block_size=4096 cache_ttl=0")
+	require.NoError(t, err)
+	require.Negative(t, got.LookupCacheTTL, "cache_ttl=0 turns the cache off")
 
 	for _, tc := range []struct{ options, message string }{
 		{"", "block_size is required"},

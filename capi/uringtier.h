@@ -151,7 +151,7 @@ const char *ut_last_error(void);
  *   batch_max=N           most keys in one request [4096]
  *   lookup_timeout=D      a lookup key's deadline from submit [5s]
  *   io_timeout=D          a load or store key's deadline from submit [30s]
- *   cache_ttl=D           answer lookups this recent from memory; 0 = off [0]
+ *   cache_ttl=D           answer lookups this recent from memory; 0 = off [1s]
  *   cache_size=N          lookup cache entries [1048576]
  *   durability=none|data|full  fsync of stores [none]
  *   rings=N               io_uring instances [GOMAXPROCS/2, 1..4]

@@ -55,7 +55,8 @@ func needRoot(t *testing.T, what string) {
 // t ends.
 func openTier(t testing.TB, kind tier.EngineKind, dir string, mod func(*tier.Options)) *tier.Tier {
 	t.Helper()
-	opts := tier.Options{BlockSize: blockSize, Engine: kind, Rings: 2, OpsMax: 64}
+	// No lookup cache: these tests are about what the filesystem answers.
+	opts := tier.Options{BlockSize: blockSize, Engine: kind, Rings: 2, OpsMax: 64, LookupCacheTTL: -1}
 	if mod != nil {
 		mod(&opts)
 	}

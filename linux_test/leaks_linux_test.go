@@ -85,7 +85,7 @@ func TestMillionLookupsBoundedMemory(t *testing.T) {
 		heapGrowthMax = 4 << 20
 	)
 	engines(t, func(t *testing.T, kind tier.EngineKind) {
-		tr := openTier(t, kind, t.TempDir(), func(o *tier.Options) { o.LookupCacheTTL = 0; o.OpsMax = 1024 })
+		tr := openTier(t, kind, t.TempDir(), func(o *tier.Options) { o.OpsMax = 1024 })
 		for i := 0; i < keySpace; i += 16 {
 			require.NoError(t, tr.BlockStore().Put(tr.Namespace(), key(i), payload(i, blockSize)))
 		}

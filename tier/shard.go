@@ -64,6 +64,32 @@ type cacheEntry struct {
 	at     int64 // nanoseconds since the shard's epoch
 }
 
+// cacheHits counts the keys of one request that a shard answered from its
+// lookup cache, so that it settles them and counts their outcomes once,
+// not with an atomic operation per key on memory every owner writes.
+type cacheHits struct {
+	n      int32
+	status [StatusSkipped + 1]uint64
+}
+
+// flush settles and counts r's keys answered from the cache.
+func (s *shard) flushHits(r *request) {
+	h := &s.hits
+	if h.n == 0 {
+		return
+	}
+	c := &s.t.stats
+	c.cacheHits.Add(uint64(h.n))
+	for st, n := range h.status {
+		if n > 0 {
+			c.outcomes[r.op][st].Add(n)
+		}
+	}
+	n := h.n
+	*h = cacheHits{}
+	s.t.settleN(r, n)
+}
+
 // shard is one owner goroutine with its backend: the ops of the keys whose
 // hash falls to it, their deadlines, the lookup cache and the breaker.
 type shard struct {
@@ -95,6 +121,7 @@ type shard struct {
 	stuckAtExit int
 	done        []int32
 	spare       []canceled
+	hits        cacheHits // keys of the request being started answered from the cache
 
 	inFlight atomic.Int64 // ops in the backend, for Stats
 	queued   atomic.Int64 // requests waiting for op slots, for Stats
@@ -321,6 +348,7 @@ func (s *shard) startKeys(now time.Time) {
 				break
 			}
 		}
+		s.flushHits(r)
 		r.cursor[s.idx] = int32(i)
 		if i == r.n() {
 			s.t.settle(r) // the last touch of r
@@ -342,20 +370,17 @@ func (s *shard) startKeys(now time.Time) {
 func (s *shard) startKey(r *request, i int, now time.Time) bool {
 	key, h := r.key(i), r.hashes[i]
 	ttl := s.t.opts.LookupCacheTTL
-	if ttl > 0 && r.op != OpLoad {
+	if ttl > 0 && r.op == OpLookup {
 		if e, ok := s.cache[h]; ok && bytes.Equal(e.key[:e.keyLen], key) && now.Sub(s.epoch)-time.Duration(e.at) < ttl {
-			s.t.stats.cacheHits.Add(1)
-			switch {
-			case r.op == OpLookup && e.found:
-				s.t.setKey(r, i, StatusFound, nil)
-				return true
-			case r.op == OpLookup:
-				s.t.setKey(r, i, StatusMissing, nil)
-				return true
-			case r.op == OpStore && e.found:
-				s.t.setKey(r, i, StatusPresent, nil)
-				return true
+			st := StatusMissing
+			if e.found {
+				st = StatusFound
 			}
+			r.res[i] = KeyResult{Status: st}
+			s.t.noteMiss(r, i, st)
+			s.hits.n++
+			s.hits.status[st]++
+			return true
 		}
 	}
 	if r.op == OpLookup {
@@ -547,7 +572,7 @@ func (s *shard) finish(j int32, now time.Time) {
 
 // remember updates the lookup cache with what op o learned.
 func (s *shard) remember(o *op, now time.Time) {
-	if s.t.opts.LookupCacheTTL == 0 {
+	if s.t.opts.LookupCacheTTL <= 0 {
 		return
 	}
 	var found bool

@@ -411,6 +411,12 @@ func (t *Tier) validate(op Op, keys [][]byte, bufs [][]byte) error {
 func (t *Tier) setKey(r *request, i int, st Status, err error) {
 	r.res[i] = KeyResult{Status: st, Err: err}
 	t.countOutcome(r.op, st, err)
+	t.noteMiss(r, i, st)
+	t.settle(r)
+}
+
+// noteMiss records, for a prefix lookup, the first key not found.
+func (t *Tier) noteMiss(r *request, i int, st Status) {
 	if r.prefixOnly && !st.OK() {
 		for {
 			cur := r.firstMiss.Load()
@@ -419,13 +425,15 @@ func (t *Tier) setKey(r *request, i int, st Status, err error) {
 			}
 		}
 	}
-	t.settle(r)
 }
 
 // settle counts down one key outcome or shard reference of r, and
 // publishes r at zero.
-func (t *Tier) settle(r *request) {
-	if r.remaining.Add(-1) == 0 {
+func (t *Tier) settle(r *request) { t.settleN(r, 1) }
+
+// settleN counts down n key outcomes of r at once.
+func (t *Tier) settleN(r *request, n int32) {
+	if r.remaining.Add(-n) == 0 {
 		t.publish(r)
 	}
 }

@@ -129,7 +129,7 @@ func (s *session) openTier(kind tier.EngineKind, depth, batch, bufs int) (*tier.
 		OpsMax:           c.opsMax,
 		WorkersMax:       c.workersMax,
 		SyncWorkers:      c.syncWorkers,
-		LookupCacheTTL:   c.cacheTTL,
+		LookupCacheTTL:   cacheTTL(c.cacheTTL),
 		Durability:       durabilities[c.durability],
 		BreakerThreshold: c.breakerThreshold,
 		LookupTimeout:    c.lookupTimeout,
@@ -207,4 +207,14 @@ func (s *session) interrupted(ctx context.Context, err error) error {
 		return errors.New("interrupted: the results are partial")
 	}
 	return err
+}
+
+// cacheTTL is the tier's LookupCacheTTL for --cache-ttl: tierbench
+// measures the filesystem, so 0 turns the cache off (the tier's 0 is its
+// default of a second).
+func cacheTTL(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
