@@ -123,15 +123,15 @@ type Options struct {
 	IOTimeout time.Duration
 	// LookupCacheTTL: a lookup of a key looked up, loaded or stored this
 	// recently is answered from memory, at over 10 M keys/s
-	// (BenchmarkLookupCached); loads and stores always go to the
-	// filesystem. Default 1 s; negative turns the cache off. A scheduler that asks about a waiting request's
-	// blocks every step then costs the filesystem one lookup per key a
-	// second. The staleness is bounded by the TTL and safe both ways: a
-	// block found in memory but gone from disk (evicted by another
-	// process) loads as StatusMissing, since loads never use the cache,
-	// and the cache learns it; a block another process stored since is
-	// reported missing for at most the TTL. Tier.InvalidateLookups and
-	// Tier.Evict empty the cache.
+	// (BenchmarkLookupCached), and a store of a key known to be there is
+	// answered StatusPresent without writing; loads always go to the
+	// filesystem. Default 1 s; negative turns the cache off. A scheduler
+	// that asks about a waiting request's blocks every step then costs the
+	// filesystem one lookup per key a second. Staleness is bounded by the
+	// TTL and is safe: a block found in memory but gone from disk (evicted
+	// by another process) loads as StatusMissing, and the cache learns it;
+	// a block another process stored since is reported missing for at
+	// most the TTL. Tier.InvalidateLookups and Tier.Evict empty the cache.
 	LookupCacheTTL time.Duration
 	// LookupCacheSize bounds the cache's entries, per ring. Default 1<<20,
 	// at most 1<<24.

@@ -370,17 +370,24 @@ func (s *shard) startKeys(now time.Time) {
 func (s *shard) startKey(r *request, i int, now time.Time) bool {
 	key, h := r.key(i), r.hashes[i]
 	ttl := s.t.opts.LookupCacheTTL
-	if ttl > 0 && r.op == OpLookup {
+	if ttl > 0 && r.op != OpLoad {
 		if e, ok := s.cache[h]; ok && bytes.Equal(e.key[:e.keyLen], key) && now.Sub(s.epoch)-time.Duration(e.at) < ttl {
-			st := StatusMissing
-			if e.found {
+			st := StatusPending
+			switch {
+			case r.op == OpLookup && e.found:
 				st = StatusFound
+			case r.op == OpLookup:
+				st = StatusMissing
+			case e.found:
+				st = StatusPresent // a store of a block known to be there writes nothing
 			}
-			r.res[i] = KeyResult{Status: st}
-			s.t.noteMiss(r, i, st)
-			s.hits.n++
-			s.hits.status[st]++
-			return true
+			if st != StatusPending {
+				r.res[i] = KeyResult{Status: st}
+				s.t.noteMiss(r, i, st)
+				s.hits.n++
+				s.hits.status[st]++
+				return true
+			}
 		}
 	}
 	if r.op == OpLookup {

@@ -150,8 +150,8 @@ class Tier:
         lookup_timeout: a lookup key's deadline in seconds from submit (then Status.TIMED_OUT).
         io_timeout: a load or store key's deadline in seconds.
         cache_ttl: answer lookups this recent (seconds) from memory; 0 turns the cache off.
-            Loads and stores always go to the filesystem, so a stale hit is safe: its load
-            reports the block missing.
+            Loads always go to the filesystem, so a stale hit is safe: its load reports the
+            block missing.
         durability: "none", "data" or "full" (fsync of stores).
         close_timeout: how long ``with`` waits for the filesystem when closing, in seconds.
         **options: further options of ut_open by name (cache_size, rings, ops_max, workers_max,
