@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"strconv"
 	"testing"
 	"time"
 
@@ -171,7 +172,7 @@ func TestCollector(t *testing.T) {
 	assert.Equal(t, float64(2*blockSize), value(t, after["uringtier_read_bytes_total"], nil))
 	assert.Equal(t, float64(4*blockSize), value(t, after["uringtier_written_bytes_total"], nil))
 	assert.Zero(t, value(t, after["uringtier_key_failures_total"], map[string]string{"op": "store", "reason": "nospace"}))
-	assert.Equal(t, 1.0, value(t, after["uringtier_engine_info"], map[string]string{"engine": "sync", "direct": "false"}))
+	assert.Equal(t, 1.0, value(t, after["uringtier_engine_info"], map[string]string{"engine": "sync", "direct": strconv.FormatBool(tr.Engine().Direct)}))
 }
 
 // TestHistogramFolding checks how fine buckets fold into Prometheus
