@@ -26,7 +26,8 @@ import (
 // -ECANCELED; a step linked LinkAlways lets the chain go on whatever it
 // returned. A phase is one chain or several; its last step is LinkNone.
 //
-//	lookup: STATX (no symlink followed; a regular file is a block)
+//	lookup: STATX, or an OPEN with O_PATH that is a Probe (no symlink followed; anything
+//	        else at the path may be a block, for a load to judge)
 //	load:   OPEN ─ READ past the block's end ═ READ header ─ READ payload ─ … ─ CLOSE
 //	        then for a short read: READ the rest ─ … ─ CLOSE; for an open or read that fails
 //	        oddly or a file shorter than a header: STATX (what is there?); for a corrupt
@@ -118,6 +119,13 @@ type Step struct {
 	Path2 *byte         // a rename's target
 	Abs2  bool          // Path2 is absolute: renameat's new directory is AT_FDCWD
 	How   *unix.OpenHow // an open's flags, mode and RESOLVE_* flags
+	// Probe marks an open that only asks whether the path resolves
+	// (O_PATH): the file is not the program's, and the executor closes it
+	// when it likes. RunSync closes it at once; the io_uring engine leaves
+	// it in the op's fixed-file slot, where the next open replaces it, and
+	// empties such slots when it goes idle: a linked CLOSE would cost a
+	// request and a completion per lookup.
+	Probe bool
 	Buf   []byte        // a read's or write's memory
 	Off   int64         // a read's or write's file offset
 	Res   int32         // the result: what the system call returned, or -errno
@@ -246,7 +254,7 @@ type Config struct {
 	Quarantine   string   // where corrupt blocks go, absolute; "" leaves them in place
 	Namespace    string   // names quarantined files
 	Dirs         DirCache // directories known to exist
-	LookupByOpen bool     // lookups open the path with O_PATH (and close it) instead of statx
+	LookupByOpen bool     // lookups open the path with O_PATH (a Probe) instead of statx
 }
 
 // KeyBytes returns the program's key.
@@ -332,9 +340,8 @@ func (p *Program) lay() {
 		p.add(StepClose, roleClose, LinkNone)
 	case p.Op == OpLookup && p.cfg.LookupByOpen:
 		p.How = unix.OpenHow{Flags: unix.O_PATH, Resolve: ResolveBeneath}
-		s := p.add(StepOpen, roleLookup, LinkOnSuccess)
-		s.Path, s.How = &p.path[0], &p.How
-		p.add(StepClose, roleClose, LinkNone)
+		s := p.add(StepOpen, roleLookup, LinkNone)
+		s.Path, s.How, s.Probe = &p.path[0], &p.How, true
 	case p.Op == OpLookup:
 		p.add(StepStatx, roleLookup, LinkNone).Path = &p.path[0]
 	case p.Op == OpLoad && p.phase == phaseMain:
@@ -406,7 +413,7 @@ func (p *Program) Judge() bool {
 	for k := range p.N {
 		s := &p.Steps[k]
 		switch {
-		case s.Op == StepOpen && s.Res >= 0:
+		case s.Op == StepOpen && s.Res >= 0 && !s.Probe:
 			p.fileOpen = true
 		case s.Op == StepClose && s.Res != -int32(unix.ECANCELED):
 			p.fileOpen = false // closed, or there was nothing to close

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"io/fs"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -155,6 +157,59 @@ func TestProgramLookup(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestProgramLookupByOpen: a lookup by O_PATH open is one probe, with no
+// close to follow whatever it found; RunSync closes the probe's file.
+func TestProgramLookupByOpen(t *testing.T) {
+	key := testKey(1, 32)
+	cfg := *testConfig(DurabilityNone)
+	cfg.LookupByOpen = true
+	for _, c := range []struct {
+		name string
+		res  int32
+		want Status
+	}{
+		{"found", 0, StatusFound},
+		{"missing", -int32(unix.ENOENT), StatusMissing},
+		{"symlink", -int32(unix.ELOOP), StatusMissing},
+		{"eio", -int32(unix.EIO), StatusFailed},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var p Program
+			require.NoError(t, p.Start(&cfg, OpLookup, key, nil, nil, false))
+			require.Equal(t, 1, p.N)
+			require.True(t, p.Steps[0].Probe)
+			require.Equal(t, StepOpen, p.Steps[0].Op)
+			assert.Equal(t, uint64(unix.O_PATH), p.Steps[0].How.Flags)
+			p.Steps[0].Res = c.res
+			require.True(t, p.Judge(), "a probe leaves nothing to close")
+			assert.Equal(t, c.want, p.Status, "%v", p.Err)
+		})
+	}
+
+	// Through the kernel: found, and no descriptor left open.
+	dir := t.TempDir()
+	s, err := Open(dir, Options{})
+	require.NoError(t, err)
+	require.NoError(t, s.Put("ns", key, []byte("payload")))
+	ns, err := unix.Open(filepath.Join(dir, "ns"), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer unix.Close(ns)
+	before := openFDs(t)
+	var p Program
+	require.NoError(t, p.Start(&cfg, OpLookup, key, nil, nil, false))
+	p.RunSync(ns)
+	require.True(t, p.Judge())
+	assert.Equal(t, StatusFound, p.Status, "%v", p.Err)
+	assert.Equal(t, before, openFDs(t), "the probe's descriptor stayed open")
+}
+
+// openFDs counts this process's open descriptors.
+func openFDs(t *testing.T) int {
+	entries, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	return len(entries)
 }
 
 func TestProgramLoad(t *testing.T) {

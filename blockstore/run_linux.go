@@ -72,7 +72,11 @@ func (p *Program) call1(dir int, s *Step) (uintptr, syscall.Errno) {
 			noOpenat2.Store(true)
 			r, _, e = unix.Syscall6(unix.SYS_OPENAT, uintptr(dir), uintptr(unsafe.Pointer(s.Path)), uintptr(how.Flags|unix.O_NOFOLLOW), uintptr(how.Mode), 0, 0)
 		}
-		if e == 0 {
+		switch {
+		case e == 0 && s.Probe:
+			unix.Close(int(r))
+			return 0, 0
+		case e == 0:
 			p.fd = int(r)
 			return 0, 0
 		}

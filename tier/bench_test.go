@@ -2,6 +2,7 @@ package tier
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -147,36 +148,47 @@ func BenchmarkLookup(b *testing.B) {
 	for i := range paths {
 		paths[i] = append(blockstore.FanoutLayout{}.AppendPath(nil, keys[i]), 0)
 	}
-	stat := func(p []byte, st *unix.Stat_t) {
-		unix.Syscall6(unix.SYS_NEWFSTATAT, uintptr(nsFD), uintptr(unsafe.Pointer(&p[0])), uintptr(unsafe.Pointer(st)), 0, 0, 0)
+	calls := []struct {
+		name string
+		call func(p []byte, st *unix.Stat_t)
+	}{
+		{"fstatat", func(p []byte, st *unix.Stat_t) {
+			unix.Syscall6(unix.SYS_NEWFSTATAT, uintptr(nsFD), uintptr(unsafe.Pointer(&p[0])), uintptr(unsafe.Pointer(st)), 0, 0, 0)
+		}},
+		{"faccessat", func(p []byte, _ *unix.Stat_t) {
+			unix.Syscall(unix.SYS_FACCESSAT, uintptr(nsFD), uintptr(unsafe.Pointer(&p[0])), unix.F_OK)
+		}},
 	}
 	b.Run("engine=fstatat-loop", func(b *testing.B) {
 		var st unix.Stat_t
 		b.ReportAllocs()
 		for b.Loop() {
 			for _, p := range paths {
-				stat(p, &st)
+				calls[0].call(p, &st)
 			}
 		}
 		report(b, 0)
 	})
-	b.Run("engine=fstatat-pool16", func(b *testing.B) {
-		const workers = 16
-		b.ReportAllocs()
-		for b.Loop() {
-			var wg sync.WaitGroup
-			for w := range workers {
-				wg.Go(func() {
-					var st unix.Stat_t
-					for i := w; i < len(paths); i += workers {
-						stat(paths[i], &st)
+	for _, c := range calls {
+		for _, workers := range []int{2, 16} {
+			b.Run(fmt.Sprintf("engine=%s-pool%d", c.name, workers), func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					var wg sync.WaitGroup
+					for w := range workers {
+						wg.Go(func() {
+							var st unix.Stat_t
+							for i := w; i < len(paths); i += workers {
+								c.call(paths[i], &st)
+							}
+						})
 					}
-				})
-			}
-			wg.Wait()
+					wg.Wait()
+				}
+				report(b, 0)
+			})
 		}
-		report(b, 0)
-	})
+	}
 }
 
 // ioSizes are the block sizes of the load and store benchmarks: a small

@@ -1,8 +1,11 @@
 package tier
 
 import (
+	"fmt"
 	"os"
+	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/assert"
@@ -93,4 +96,44 @@ func TestDirectBypassesPageCache(t *testing.T) {
 			})
 		}
 	})
+}
+
+// ringFiles returns the files in the fixed-file table of shard k's ring,
+// as /proc lists them.
+func ringFiles(t *testing.T, tr *Tier, k int) []string {
+	fd := tr.shards[k].be.(*uringBackend).ring.FD()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", fd))
+	require.NoError(t, err)
+	var files []string
+	in := false
+	for _, line := range strings.Split(string(b), "\n") {
+		switch {
+		case strings.HasPrefix(line, "UserFiles:"):
+			in = true
+		case in && strings.HasPrefix(line, " ") || in && len(line) > 0 && line[0] >= '0' && line[0] <= '9':
+			files = append(files, strings.TrimSpace(line))
+		case in:
+			in = false
+		}
+	}
+	return files
+}
+
+// TestProbedSlotsEmptied: a lookup by O_PATH leaves its file in the op's
+// fixed-file slot; once the ring is idle the slot is emptied, so that a
+// block removed meanwhile does not keep its inode and disk space.
+func TestProbedSlotsEmptied(t *testing.T) {
+	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.Rings = 1 })
+	require.Equal(t, LookupOpenPath, tr.opts.Lookup)
+	put(t, tr, 0, 1, 2)
+	require.NoError(t, tr.Lookup(1, testKeys(0, 1, 2, 3)))
+	assert.Equal(t, []Status{StatusFound, StatusFound, StatusFound, StatusMissing}, statuses(await(t, tr, 1)[1]))
+	require.Eventually(t, func() bool {
+		for _, f := range ringFiles(t, tr, 0) {
+			if strings.Contains(f, tr.nsDir) {
+				return false
+			}
+		}
+		return true
+	}, 5*time.Second, time.Millisecond, "slots still hold %v", ringFiles(t, tr, 0))
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"syscall"
 	"time"
 	"unsafe"
@@ -76,6 +77,9 @@ type uringBackend struct {
 	cfg      blockstore.Config
 	cfgOpen  blockstore.Config // lookups by O_PATH open (LookupOpenPath, half of LookupMixed)
 	broken   error             // the ring failed: ops fail with this, nothing more goes to the kernel
+	probed   []uint32          // slots a lookup's probe left a file in (blockstore.Step.Probe)
+	isProbed []bool            // by slot: in probed
+	empty    []int32           // OpsMax times -1, to empty slots with
 }
 
 // ringFault, when set (by tests), is asked before each submission and may
@@ -117,6 +121,10 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	b.cfg = t.programConfig(dirSet{})
 	b.cfgOpen = b.cfg
 	b.cfgOpen.LookupByOpen = true
+	b.empty, b.isProbed = make([]int32, n), make([]bool, n)
+	for i := range b.empty {
+		b.empty[i] = -1
+	}
 	b.pinner.Pin(&b.progs[0])
 	defer func() {
 		if err != nil {
@@ -465,6 +473,10 @@ func (b *uringBackend) evaluate(i int32) {
 	}
 	o := &b.s.ops[i]
 	o.status, o.err = tierStatus[p.Status], p.Err
+	if p.Steps[0].Probe && p.Steps[0].Res >= 0 && !b.isProbed[i] {
+		b.probed = append(b.probed, uint32(i))
+		b.isProbed[i] = true
+	}
 	if rel, dst, err, ok := p.Quarantined(); ok {
 		b.t.noteQuarantine(rel, dst, p.Err, err)
 	}
@@ -490,10 +502,12 @@ func (b *uringBackend) wait(d time.Duration, done []int32) []int32 {
 	case b.evfd != nil:
 		b.submit()
 		if b.broken == nil && b.ring.Ready() == 0 && !b.ring.NeedsEnter() {
+			b.emptyProbed()
 			b.idle(d)
 			b.submit()
 		}
 	default:
+		b.emptyProbed()
 		if _, err := b.ring.SubmitAndWait(1, max(d, time.Microsecond)); err != nil && !errors.Is(err, uring.ErrRetry) {
 			b.fail(fmt.Errorf("io_uring_enter: %w", err))
 		}
@@ -505,6 +519,34 @@ func (b *uringBackend) wait(d time.Duration, done []int32) []int32 {
 	done = append(done, b.doneQ...)
 	b.doneQ = b.doneQ[:0]
 	return done
+}
+
+// emptyProbed closes the files that lookups' probes left in their slots,
+// once no op is in flight: an O_PATH file keeps its inode, and a block
+// removed since (evicted) would keep its disk space while the slot holds it.
+// Busy, a ring holds at most OpsMax of them, each until its slot's next
+// open replaces it.
+func (b *uringBackend) emptyProbed() {
+	if len(b.probed) == 0 || b.s.inUse > 0 {
+		return
+	}
+	slices.Sort(b.probed)
+	for _, i := range b.probed {
+		b.isProbed[i] = false
+	}
+	for k := 0; k < len(b.probed); {
+		run := 1
+		for k+run < len(b.probed) && b.probed[k+run] == b.probed[k+run-1]+1 {
+			run++
+		}
+		first, last := b.probed[k], b.probed[k+run-1]
+		if err := b.ring.UpdateFiles(first, b.empty[:last-first+1]); err != nil {
+			b.fail(err)
+			return
+		}
+		k += run
+	}
+	b.probed = b.probed[:0]
 }
 
 // idle sleeps for at most d or until woken: on the ring's eventfd, or, on

@@ -66,6 +66,7 @@ var notInConformanceSuite = map[string]string{
 	"TestLogFallback":               "it starts its own child without io_uring",
 	"TestNoteQuarantine":            "it calls the engines' hook directly, on the sync engine already",
 	"TestFailureClasses":            "it needs a FUSE mount; the counting is the shard's, the same code with either engine",
+	"TestProbedSlotsEmptied":        "it reads the io_uring engine's fixed-file table",
 }
 
 // TestConformanceWithoutIOURing runs the conformance suite in a child process of this test binary

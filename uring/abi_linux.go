@@ -54,6 +54,7 @@ const (
 	registerFiles          = 2  // IORING_REGISTER_FILES
 	unregisterFiles        = 3  // IORING_UNREGISTER_FILES
 	registerEventfd        = 4  // IORING_REGISTER_EVENTFD
+	registerFilesUpdate    = 6  // IORING_REGISTER_FILES_UPDATE
 	registerProbe          = 8  // IORING_REGISTER_PROBE
 	registerFiles2         = 13 // IORING_REGISTER_FILES2
 	registerIOWQMaxWorkers = 19 // IORING_REGISTER_IOWQ_MAX_WORKERS

@@ -2,6 +2,7 @@ package uring
 
 import (
 	"fmt"
+	"runtime"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -57,6 +58,24 @@ func (r *Ring) RegisterFilesSparse(n uint32) error {
 	reg := rsrcRegister{nr: n, flags: rsrcRegisterSparse}
 	if err := r.register(registerFiles2, unsafe.Pointer(&reg), sizeofRsrcRegister); err != nil {
 		return fmt.Errorf("uring: IORING_REGISTER_FILES2 (sparse, %d slots): %w", n, err)
+	}
+	return nil
+}
+
+// UpdateFiles sets the fixed-file slots from off on to fds, closing the
+// files they held; -1 empties a slot (IORING_REGISTER_FILES_UPDATE). A
+// slot must not be in use by a request in flight. fds must not be on the
+// stack.
+func (r *Ring) UpdateFiles(off uint32, fds []int32) error {
+	upd := struct {
+		offset uint32
+		resv   uint32
+		fds    uint64
+	}{offset: off, fds: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(fds))))}
+	err := r.register(registerFilesUpdate, unsafe.Pointer(&upd), uintptr(len(fds)))
+	runtime.KeepAlive(fds)
+	if err != nil {
+		return fmt.Errorf("uring: IORING_REGISTER_FILES_UPDATE (%d slots from %d): %w", len(fds), off, err)
 	}
 	return nil
 }

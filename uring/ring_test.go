@@ -690,3 +690,25 @@ func TestEventfdAnnouncesDeferredWork(t *testing.T) {
 	assert.Equal(t, uint64(1), cqes[0].UserData)
 	assert.Equal(t, int32(2), cqes[0].Res)
 }
+
+// TestUpdateFilesEmptiesSlots: an open into a slot that holds a file
+// replaces it, and UpdateFiles with -1 empties slots.
+func TestUpdateFilesEmptiesSlots(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "f"), []byte("x"))
+	r := newRing(t, 8, Options{})
+	require.NoError(t, r.RegisterFilesSparse(4))
+	for i, slot := range []uint32{2, 2, 3} { // the second open replaces the first
+		s := getSQE(t, r)
+		s.PrepareOpenat2Direct(unix.AT_FDCWD, cstr(filepath.Join(dir, "f")), &unix.OpenHow{Flags: unix.O_PATH}, slot)
+		s.UserData = uint64(i)
+		require.Equal(t, int32(0), run(t, r, 1)[uint64(i)].Res)
+	}
+	require.NoError(t, r.UpdateFiles(2, []int32{-1, -1}))
+	for _, slot := range []uint32{2, 3} {
+		s := getSQE(t, r)
+		s.PrepareCloseDirect(slot)
+		s.UserData = 9
+		assert.ErrorIs(t, ptr(run(t, r, 1)[9]).Err(), syscall.EBADF, "slot %d still holds a file", slot)
+	}
+}
