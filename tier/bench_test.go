@@ -81,8 +81,10 @@ func runBatches(b *testing.B, tr *Tier, total, inflight int, submit func(req uin
 	return caller
 }
 
+// benchTier opens a tier without the lookup cache (BenchmarkLookupCached
+// turns it on): the benchmarks measure the filesystem and the engines.
 func benchTier(b *testing.B, dir string, kind EngineKind, mod func(*Options)) *Tier {
-	opts := Options{BlockSize: 4096, Engine: kind}
+	opts := Options{BlockSize: 4096, Engine: kind, LookupCacheTTL: -1}
 	if mod != nil {
 		mod(&opts)
 	}
