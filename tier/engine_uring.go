@@ -368,7 +368,17 @@ func (b *uringBackend) prepare(i int32) {
 		s.UserData = ud(i, k)
 	}
 	b.pending[i] = uint8(p.N)
+	if b.ring.Pending() >= submitChunk {
+		// Inline opens and page-cache copies run in io_uring_enter,
+		// holding the owner's P: hand over what is queued now, at the
+		// end of a phase, and let the caller's goroutine have the P.
+		b.submit()
+		runtime.Gosched()
+	}
 }
+
+// submitChunk is how many SQEs an owner queues before it submits them.
+const submitChunk = 32
 
 // prepareRW prepares a read or write of the op's file, from a registered
 // buffer where the memory is one.
