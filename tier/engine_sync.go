@@ -25,31 +25,27 @@ type syncBackend struct {
 
 var _ backend = (*syncBackend)(nil)
 
-func newSyncBackend(t *Tier) (*syncBackend, error) {
+// newSyncBackend sets up shard s's backend and starts its workers.
+func newSyncBackend(t *Tier, s *shard) (*syncBackend, error) {
 	ns, err := openNSDirFD(t)
 	if err != nil {
 		return nil, err
 	}
-	return &syncBackend{
+	b := &syncBackend{
 		t:     t,
+		ops:   s.ops,
 		work:  make(chan int32, t.opts.OpsMax),
 		done:  make(chan int32, t.opts.OpsMax),
 		wakeC: make(chan struct{}, 1),
 		timer: time.NewTimer(time.Hour),
 		ns:    ns,
 		cfg:   t.programConfig(t.store.DirCache(t.opts.Namespace)),
-	}, nil
-}
-
-// run is the sync engine's owner goroutine.
-func (s *shard) run() {
-	b := s.be.(*syncBackend)
-	b.ops = s.ops
-	for range s.t.opts.SyncWorkers {
+	}
+	for range t.opts.SyncWorkers {
 		b.wg.Add(1)
 		go b.worker()
 	}
-	s.loop()
+	return b, nil
 }
 
 func (b *syncBackend) start(i int32, o *op) { b.work <- i }

@@ -96,22 +96,7 @@ var ringSize uint32
 
 var _ backend = (*uringBackend)(nil)
 
-// runURing is an io_uring shard's owner goroutine.
-func (s *shard) runURing(errs chan<- error) {
-	if !s.t.engine.Inline {
-		runtime.LockOSThread() // for the ring's life; the thread exits with the goroutine
-	}
-	b, err := newURingBackend(s.t, s)
-	if err != nil {
-		close(s.exited)
-		errs <- err
-		return
-	}
-	s.be = b
-	errs <- nil
-	s.loop()
-}
-
+// newURingBackend sets up shard s's ring, on its owner goroutine.
 func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	n := t.opts.OpsMax
 	// Room for a lookup batch's two SQEs per key without flushing mid-way.

@@ -129,11 +129,10 @@ type shard struct {
 	open     atomic.Bool  // breaker, for Stats
 }
 
-func newShard(t *Tier, idx int, be backend) *shard {
+func newShard(t *Tier, idx int) *shard {
 	s := &shard{
 		t:       t,
 		idx:     idx,
-		be:      be,
 		epoch:   time.Now(),
 		exited:  make(chan struct{}),
 		ops:     make([]op, t.opts.OpsMax),

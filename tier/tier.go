@@ -8,6 +8,7 @@ import (
 	"math/bits"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -174,45 +175,27 @@ func (t *Tier) startEngine() error {
 	if err := cfg.Check(); err != nil {
 		return fmt.Errorf("tier: %w: %w", ErrInvalidOptions, err)
 	}
-	kind := t.opts.Engine
-	if kind != EngineSync {
-		if err := uring.Available(); err == nil {
-			kind = EngineURing
-		} else if kind == EngineURing {
-			return fmt.Errorf("tier: engine uring: %w", err)
-		} else {
-			kind, t.engine.Fallback = EngineSync, err.Error()
-		}
+	info, err := chooseEngine(t.nsDir, t.opts)
+	if err != nil {
+		return err
 	}
-	t.engine.Kind = kind
-	if t.engine.Fallback != "" {
-		t.log.Warn("tier: io_uring is unusable here: falling back to the sync engine", "reason", t.engine.Fallback)
+	t.engine = info
+	if info.Fallback != "" {
+		t.log.Warn("tier: io_uring is unusable here: falling back to the sync engine", "reason", info.Fallback)
 	}
-	t.engine.Direct, t.engine.NoDirect = probeDirect(t.nsDir, t.opts)
-	t.engine.Inline, t.engine.FS = inlineSafe(t.nsDir)
 	if err := t.allocBuffers(); err != nil {
 		return err
 	}
-	if kind == EngineSync {
-		t.engine.Inline = false
-		be, err := newSyncBackend(t)
-		if err != nil {
-			t.freeBuffers()
-			return err
-		}
-		t.shards = []*shard{newShard(t, 0, be)}
-		go t.shards[0].run()
-		t.logEngine()
-		return nil
+	n := 1
+	if info.Kind == EngineURing {
+		n = info.Rings
 	}
-	t.engine.Rings = t.opts.Rings
-	for i := range t.opts.Rings {
-		s := newShard(t, i, nil)
-		t.shards = append(t.shards, s)
+	for i := range n {
+		t.shards = append(t.shards, newShard(t, i))
 	}
-	errs := make(chan error, len(t.shards))
+	errs := make(chan error, n)
 	for _, s := range t.shards {
-		go s.runURing(errs)
+		go s.run(errs)
 	}
 	var first error
 	for range t.shards {
@@ -221,13 +204,66 @@ func (t *Tier) startEngine() error {
 		}
 	}
 	if first != nil {
-		// Close stops the rings that did start and frees the buffers.
+		// Close stops the shards that did start and frees the buffers.
 		t.Close(context.Background())
 		return first
 	}
-	t.engine.Flags = t.shards[0].be.(*uringBackend).ring.Flags().String()
+	if info.Kind == EngineURing {
+		t.engine.Flags = t.shards[0].be.(*uringBackend).ring.Flags().String()
+	}
 	t.logEngine()
 	return nil
+}
+
+// chooseEngine says which engine a tier on dir with opts gets, and what the
+// filesystem there allows: io_uring where it is usable (or an error if
+// opts ask for it and it is not), else the sync engine and why.
+func chooseEngine(dir string, opts Options) (EngineInfo, error) {
+	var e EngineInfo
+	e.Kind = opts.Engine
+	if e.Kind != EngineSync {
+		if err := uring.Available(); err == nil {
+			e.Kind = EngineURing
+		} else if e.Kind == EngineURing {
+			return e, fmt.Errorf("tier: engine uring: %w", err)
+		} else {
+			e.Kind, e.Fallback = EngineSync, err.Error()
+		}
+	}
+	e.Direct, e.NoDirect = probeDirect(dir, opts)
+	e.Inline, e.FS = inlineSafe(dir)
+	if e.Kind == EngineSync {
+		e.Inline = false
+	} else {
+		e.Rings = opts.Rings
+	}
+	return e, nil
+}
+
+// run is a shard's owner goroutine, with either engine: it sets up the
+// shard's backend (an io_uring owner on a filesystem that may block it
+// first takes a thread of its own), says how that went on errs, and runs
+// the shard's loop.
+func (s *shard) run(errs chan<- error) {
+	e := s.t.engine
+	if e.Kind == EngineURing && !e.Inline {
+		runtime.LockOSThread() // for the ring's life; the thread exits with the goroutine
+	}
+	var be backend
+	var err error
+	if e.Kind == EngineURing {
+		be, err = newURingBackend(s.t, s)
+	} else {
+		be, err = newSyncBackend(s.t, s)
+	}
+	if err != nil {
+		close(s.exited)
+		errs <- err
+		return
+	}
+	s.be = be
+	errs <- nil
+	s.loop()
 }
 
 // logEngine logs the engine in force and why, and whether loads use
