@@ -81,16 +81,13 @@ func (c *config) validateMix() error {
 // cmdMixed runs the mix against a populated --dir with each engine, and
 // records the blocks its stores added.
 func cmdMixed(ctx context.Context, c *config) error {
-	m, err := readManifest(c.dir, c.namespace)
+	s, err := populatedSession(c)
 	if err != nil {
 		return err
 	}
-	s := newSession(c, c.dir)
-	s.root = c.dir
-	s.setManifest(m)
 	if !c.json {
 		fmt.Fprintf(c.stdout, "tierbench mixed: %s in %s (namespace %s): %s blocks of %s\n%s\n\n", s.mixLimitText(), c.dir, c.namespace,
-			humanize.Comma(int64(m.Blocks)), humanize.IBytes(uint64(m.BlockSize)), s.mixText())
+			humanize.Comma(int64(s.m.Blocks)), humanize.IBytes(uint64(s.m.BlockSize)), s.mixText())
 	}
 	stop, err := s.serveMetrics()
 	if err != nil {

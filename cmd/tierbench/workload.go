@@ -68,16 +68,13 @@ var hiddenFlags = map[string]bool{"job-index": true}
 // cmdWorkload runs one workload against a populated --dir.
 func cmdWorkload(name string) func(context.Context, *config) error {
 	return func(ctx context.Context, c *config) error {
-		m, err := readManifest(c.dir, c.namespace)
+		s, err := populatedSession(c)
 		if err != nil {
 			return err
 		}
-		s := newSession(c, c.dir)
-		s.root = c.dir
-		s.setManifest(m)
 		if !c.json && !s.child() {
 			fmt.Fprintf(c.stdout, "tierbench %s: %s in %s (namespace %s): %s blocks of %s%s\n", name, s.limitText(), c.dir, c.namespace,
-				humanize.Comma(int64(m.Blocks)), humanize.IBytes(uint64(m.BlockSize)), s.jobsText())
+				humanize.Comma(int64(s.m.Blocks)), humanize.IBytes(uint64(s.m.BlockSize)), s.jobsText())
 		}
 		all, err := s.runWorkloads(ctx, []string{name})
 		if err != nil {
@@ -90,6 +87,19 @@ func cmdWorkload(name string) func(context.Context, *config) error {
 		}
 		return s.interrupted(ctx, s.report(all))
 	}
+}
+
+// populatedSession returns a session on --dir's data set, as populate
+// recorded it.
+func populatedSession(c *config) (*session, error) {
+	m, err := readManifest(c.dir, c.namespace)
+	if err != nil {
+		return nil, err
+	}
+	s := newSession(c, c.dir)
+	s.root = c.dir
+	s.setManifest(m)
+	return s, nil
 }
 
 // runWorkloads runs the named workloads: in this process, or in --jobs
