@@ -110,6 +110,7 @@ type shard struct {
 	ops         []op
 	free        []int32
 	inUse       int
+	stores      int // of inUse
 	lookups     map[uint64]int32 // key hash -> lookup op, to share one op among requests
 	cache       map[uint64]cacheEntry
 	cacheEpoch  uint64
@@ -326,10 +327,27 @@ func (s *shard) mine(h uint64) bool {
 	return h%uint64(len(s.t.shards)) == uint64(s.idx)
 }
 
-// startKeys starts the keys of queued requests while ops are free.
+// storesMax is how many stores a shard has in flight at most: reads go to
+// the filesystem first, and a burst of stores must not fill the device's
+// queue ahead of them.
+const storesMax = 16
+
+// startKeys starts the keys of queued requests while ops are free: those
+// of lookups and loads first, then those of stores.
 func (s *shard) startKeys(now time.Time) {
+	s.startPass(now, false)
+	s.startPass(now, true)
+}
+
+// startPass starts the keys of the queued store requests (stores) or of
+// the others, in the order they came, and keeps the rest queued.
+func (s *shard) startPass(now time.Time, stores bool) {
 	kept := s.work[:0]
 	for wi, r := range s.work {
+		if (r.op == OpStore) != stores {
+			kept = append(kept, r)
+			continue
+		}
 		i := int(r.cursor[s.idx])
 		for ; i < r.n(); i++ {
 			if !s.mine(r.hashes[i]) {
@@ -409,8 +427,11 @@ func (s *shard) startKey(r *request, i int, now time.Time) bool {
 		}
 		probe = true
 	}
-	if len(s.free) == 0 {
+	if len(s.free) == 0 || r.op == OpStore && s.stores >= storesMax {
 		return false
+	}
+	if r.op == OpStore {
+		s.stores++
 	}
 	j := s.free[len(s.free)-1]
 	s.free = s.free[:len(s.free)-1]
@@ -572,6 +593,9 @@ func (s *shard) finish(j int32, now time.Time) {
 	o.buf, o.holder, o.err = nil, nil, nil
 	o.inUse = false
 	s.inUse--
+	if o.kind == OpStore {
+		s.stores--
+	}
 	s.inFlight.Store(int64(s.inUse))
 	s.free = append(s.free, j)
 }
