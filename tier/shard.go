@@ -110,7 +110,7 @@ type shard struct {
 	ops         []op
 	free        []int32
 	inUse       int
-	stores      int // of inUse
+	stores      int              // of inUse
 	lookups     map[uint64]int32 // key hash -> lookup op, to share one op among requests
 	cache       map[uint64]cacheEntry
 	cacheEpoch  uint64
