@@ -18,11 +18,12 @@ import (
 )
 
 // The io_uring engine. Each shard's owner goroutine is the only one to
-// touch its ring. It sleeps on an eventfd that the ring signals, in Go's
-// netpoller, holding no thread and no P. On a local filesystem the owner is
-// an ordinary goroutine and its ring has neither SINGLE_ISSUER nor
-// DEFER_TASKRUN: waking it costs what waking any goroutine costs (a round
-// trip of 8 lookups, 23–26 µs against 75–78 µs for an owner locked to its
+// touch its ring. It sleeps on a channel when the kernel holds none of its
+// operations, and otherwise on an eventfd that the ring signals, in Go's
+// netpoller: either way it holds no thread and no P. On a local filesystem
+// the owner is an ordinary goroutine and its ring has neither SINGLE_ISSUER
+// nor DEFER_TASKRUN: waking it costs what waking any goroutine costs (a
+// round trip of 8 lookups, 26 µs against 136 µs for an owner locked to its
 // thread), and with a ring per CPU the owners' inline opens, copies and
 // checksums run on every CPU. Each Go thread that submits has its own
 // kernel workers, each limited to WorkersMax; on a local filesystem they
@@ -99,7 +100,8 @@ var _ backend = (*uringBackend)(nil)
 // newURingBackend sets up shard s's ring, on its owner goroutine.
 func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	n := t.opts.OpsMax
-	// Room for a lookup batch's two SQEs per key without flushing mid-way.
+	// Room for several phases of every op (a load's first phase is five
+	// SQEs) without submitting mid-way.
 	entries := uint32(min(8192, max(64, 4*n)))
 	b := &uringBackend{t: t, s: s, direct: t.engine.Direct,
 		progs: make([]blockstore.Program, n), dirFD: make([]int, n), pending: make([]uint8, n),
@@ -560,11 +562,10 @@ func (b *uringBackend) emptyProbed() {
 	b.probed = b.probed[:0]
 }
 
-// idle sleeps for at most d or until woken: on the ring's eventfd, or, on
-// a broken ring without one, for up to 10 ms at a time.
-//
-// With nothing in the kernel, nothing but wake can end the sleep, and the
-// owner waits on a channel like any goroutine: a caller's wake is then a
+// idle sleeps for at most d or until woken. With nothing in the kernel
+// (or no eventfd: a broken ring), nothing but wake can end the sleep, and
+// the owner waits on a channel like any goroutine; otherwise it waits on
+// the ring's eventfd as well: a caller's wake is then a
 // channel send, not an eventfd write (64 KiB loads from the page cache,
 // one key a request: the caller's time per key fell from 5.0–5.4 to
 // 0.9–1.5 µs, and a round trip of 8 lookups from 28–33 to 17–18 µs).
