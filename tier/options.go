@@ -153,8 +153,12 @@ type Options struct {
 	// in flight at most. Default 1024, at most 65,536.
 	OpsMax int
 	// WorkersMax limits the kernel worker threads of each ring (bounded
-	// and unbounded alike), so a hung filesystem holds at most that many.
-	// Default 64, at most 4,096.
+	// and unbounded alike) on FUSE, NFS and unknown filesystems, where each
+	// owner keeps a thread of its own, so a hung filesystem holds at most
+	// that many. On local filesystems, where owners are ordinary
+	// goroutines, it limits the workers of each Go thread that submits
+	// (they serve page-cache misses and cold lookups). Default 64, at most
+	// 4,096.
 	WorkersMax int
 	// SyncWorkers is the sync engine's goroutine count. Default 16, at
 	// most 4,096.
