@@ -176,21 +176,26 @@ func BenchmarkLookup(b *testing.B) {
 			b.Run(fmt.Sprintf("engine=%s-pool%d", c.name, workers), func(b *testing.B) {
 				b.ReportAllocs()
 				for b.Loop() {
-					var wg sync.WaitGroup
-					for w := range workers {
-						wg.Go(func() {
-							var st unix.Stat_t
-							for i := w; i < len(paths); i += workers {
-								c.call(paths[i], &st)
-							}
-						})
-					}
-					wg.Wait()
+					pool(paths, workers, c.call)
 				}
 				report(b, 0)
 			})
 		}
 	}
+}
+
+// pool calls call on every path from workers goroutines.
+func pool(paths [][]byte, workers int, call func(p []byte, st *unix.Stat_t)) {
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			var st unix.Stat_t
+			for i := w; i < len(paths); i += workers {
+				call(paths[i], &st)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // ioSizes are the block sizes of the load and store benchmarks: a small
@@ -423,7 +428,7 @@ func BenchmarkLookupCold(b *testing.B) {
 		kind EngineKind
 		mod  func(*Options)
 	}{
-		{"engine=uring-statx", EngineURing, nil},
+		{"engine=uring-statx", EngineURing, func(o *Options) { o.Lookup = LookupStatx }},
 		{"engine=uring-mixed", EngineURing, func(o *Options) { o.Lookup = LookupMixed }},
 		{"engine=uring-openpath", EngineURing, func(o *Options) { o.Lookup = LookupOpenPath }},
 		{"engine=sync", EngineSync, nil},
@@ -440,6 +445,31 @@ func BenchmarkLookupCold(b *testing.B) {
 				runBatches(b, tr, lookupKeys/lookupBatch, 2, func(req uint64) error {
 					k := int(req) * lookupBatch
 					return tr.Lookup(req, keys[k:k+lookupBatch])
+				})
+			}
+			b.ReportMetric(float64(b.N)*lookupKeys/b.Elapsed().Seconds(), "keys/s")
+		})
+	}
+	// Pools of goroutines calling fstatat over the same paths.
+	nsFD, err := unix.Open(filepath.Join(dir, "default"), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer unix.Close(nsFD)
+	paths := make([][]byte, lookupKeys)
+	for i := range paths {
+		paths[i] = append(blockstore.FanoutLayout{}.AppendPath(nil, keys[i]), 0)
+	}
+	for _, workers := range []int{16, 64} {
+		b.Run(fmt.Sprintf("engine=fstatat-pool%d", workers), func(b *testing.B) {
+			for b.Loop() {
+				b.StopTimer()
+				if err := dropCaches(); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				pool(paths, workers, func(p []byte, st *unix.Stat_t) {
+					unix.Syscall6(unix.SYS_NEWFSTATAT, uintptr(nsFD), uintptr(unsafe.Pointer(&p[0])), uintptr(unsafe.Pointer(st)), 0, 0, 0)
 				})
 			}
 			b.ReportMetric(float64(b.N)*lookupKeys/b.Elapsed().Seconds(), "keys/s")
