@@ -85,6 +85,7 @@ type uringBackend struct {
 	probed    []uint32          // slots a lookup's probe left a file in (blockstore.Step.Probe)
 	isProbed  []bool            // by slot: in probed
 	empty     []int32           // OpsMax times -1, to empty slots with
+	queued    int               // bytes of the reads and writes queued since the last submission
 }
 
 // ringFault, when set (by tests), is asked before each submission and may
@@ -211,6 +212,7 @@ func (b *uringBackend) submit() {
 			_, err = b.ring.Submit()
 		}
 		if err == nil {
+			b.queued = 0
 			return
 		}
 		if !errors.Is(err, uring.ErrRetry) {
@@ -330,6 +332,7 @@ func (b *uringBackend) prepare(i int32) {
 			}
 		case blockstore.StepRead, blockstore.StepWrite:
 			b.prepareRW(s, st, slot)
+			b.queued += len(st.Buf)
 		case blockstore.StepFsync:
 			s.PrepareFsync(int(slot), st.Data)
 			s.Flags |= uring.SQEFixedFile
@@ -355,17 +358,24 @@ func (b *uringBackend) prepare(i int32) {
 		s.UserData = ud(i, k)
 	}
 	b.pending[i] = uint8(p.N)
-	if b.ring.Pending() >= submitChunk {
+	if b.ring.Pending() >= submitChunk || b.queued >= submitBytes {
 		// Inline opens and page-cache copies run in io_uring_enter,
 		// holding the owner's P: hand over what is queued now, at the
-		// end of a phase, and let the caller's goroutine have the P.
+		// end of a phase, judge what completed while its bytes are still
+		// in the CPU's cache (a load's checksum), and let the caller's
+		// goroutine have the P.
 		b.submit()
+		b.reap()
 		runtime.Gosched()
 	}
 }
 
-// submitChunk is how many SQEs an owner queues before it submits them.
-const submitChunk = 32
+// An owner submits what it has queued once it holds submitChunk SQEs or
+// reads and writes of submitBytes.
+const (
+	submitChunk = 32
+	submitBytes = 1 << 20
+)
 
 // prepareRW prepares a read or write of the op's file, from a registered
 // buffer where the memory is one.
