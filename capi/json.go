@@ -16,11 +16,13 @@ type engineInfo struct {
 	NoDirect string `json:"no_direct"` // why not, when direct is false
 	FS       string `json:"fs"`        // the filesystem under the namespace directory
 	Inline   bool   `json:"inline"`    // reads and writes may complete in the owner thread
+	// OwnThreads: each ring's owner keeps a thread of its own
+	OwnThreads bool `json:"own_threads"`
 }
 
 func newEngineInfo(e tier.EngineInfo) engineInfo {
 	return engineInfo{Kind: e.Kind.String(), Fallback: e.Fallback, Rings: e.Rings, Flags: e.Flags,
-		Direct: e.Direct, NoDirect: e.NoDirect, FS: e.FS, Inline: e.Inline}
+		Direct: e.Direct, NoDirect: e.NoDirect, FS: e.FS, Inline: e.Inline, OwnThreads: e.OwnThreads}
 }
 
 func engineJSON(e tier.EngineInfo) []byte {

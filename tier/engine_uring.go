@@ -27,11 +27,12 @@ import (
 // thread), and with a ring per CPU the owners' inline opens, copies and
 // checksums run on every CPU. Each Go thread that submits has its own
 // kernel workers, each limited to WorkersMax; on a local filesystem they
-// serve only bounded work (page-cache misses, STATX). On FUSE, NFS and
-// unknown filesystems, where every open, read and write goes to a kernel
-// worker and one may hang, the owner is locked to its thread and the ring
-// is SINGLE_ISSUER and DEFER_TASKRUN: one set of workers per ring, at most
-// WorkersMax, whatever Go does with its threads.
+// serve only bounded work (page-cache misses, cold lookups). On FUSE, NFS
+// and unknown filesystems, where every open, read and write goes to a
+// kernel worker and one may hang, and with STATX lookups, which always go
+// to kernel workers, the owner is locked to its thread and the ring is
+// SINGLE_ISSUER and DEFER_TASKRUN (EngineInfo.OwnThreads): one set of
+// workers per ring, at most WorkersMax, whatever Go does with its threads.
 //
 // The owner executes blockstore's programs: each step of a
 // phase becomes one SQE, linked as the step says (LinkOnSuccess is
@@ -129,7 +130,7 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 		entries, cq = ringSize, ringSize
 	}
 	ropts := uring.Options{CQEntries: cq}
-	if t.engine.Inline {
+	if !t.engine.OwnThreads {
 		// Any thread may submit, and completions run as task work in
 		// the thread that submitted, interrupting it (no COOP_TASKRUN:
 		// that thread may be asleep and never enter the kernel).
@@ -153,7 +154,7 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	if b.ns, err = openNSDirFD(t); err != nil {
 		return nil, err
 	}
-	if f := b.ring.Flags(); t.engine.Inline || f&uring.FlagDeferTaskrun != 0 && f&uring.FlagTaskrunFlag != 0 {
+	if f := b.ring.Flags(); !t.engine.OwnThreads || f&uring.FlagDeferTaskrun != 0 && f&uring.FlagTaskrunFlag != 0 {
 		fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 		if err != nil {
 			return nil, fmt.Errorf("tier: eventfd: %w", err)

@@ -75,6 +75,13 @@ type EngineInfo struct {
 	// blocking; false on filesystems that may block anyway (FUSE, NFS,
 	// unknown), where they all go to kernel workers.
 	Inline bool
+	// OwnThreads says whether each io_uring owner keeps an OS thread of
+	// its own (SINGLE_ISSUER, DEFER_TASKRUN), so that its ring has one set
+	// of kernel workers, bounded by WorkersMax: where everything may go to
+	// workers (Inline false) or every lookup does (LookupStatx,
+	// LookupMixed). Otherwise owners are ordinary goroutines, cheaper to
+	// wake.
+	OwnThreads bool
 }
 
 // request is one submitted batch. Fields are written by the submitting
@@ -236,6 +243,7 @@ func chooseEngine(dir string, opts Options) (EngineInfo, error) {
 		e.Inline = false
 	} else {
 		e.Rings = opts.Rings
+		e.OwnThreads = !e.Inline || opts.Lookup != LookupOpenPath
 	}
 	return e, nil
 }
@@ -246,7 +254,7 @@ func chooseEngine(dir string, opts Options) (EngineInfo, error) {
 // the shard's loop.
 func (s *shard) run(errs chan<- error) {
 	e := s.t.engine
-	if e.Kind == EngineURing && !e.Inline {
+	if e.OwnThreads {
 		runtime.LockOSThread() // for the ring's life; the thread exits with the goroutine
 	}
 	var be backend
@@ -279,7 +287,7 @@ func (t *Tier) logEngine() {
 	}
 	attrs := []any{"engine", e.Kind.String(), "why", why, "fs", e.FS}
 	if e.Kind == EngineURing {
-		attrs = append(attrs, "rings", e.Rings, "flags", e.Flags, "inline", e.Inline)
+		attrs = append(attrs, "rings", e.Rings, "flags", e.Flags, "inline", e.Inline, "own_threads", e.OwnThreads)
 	} else {
 		attrs = append(attrs, "workers", t.opts.SyncWorkers)
 	}
