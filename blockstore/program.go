@@ -126,10 +126,10 @@ type Step struct {
 	// empties such slots when it goes idle: a linked CLOSE would cost a
 	// request and a completion per lookup.
 	Probe bool
-	Buf   []byte        // a read's or write's memory
-	Off   int64         // a read's or write's file offset
-	Res   int32         // the result: what the system call returned, or -errno
-	Data  bool          // an FSYNC of file data only (fdatasync): the file is new, its size is data
+	Buf   []byte // a read's or write's memory
+	Off   int64  // a read's or write's file offset
+	Res   int32  // the result: what the system call returned, or -errno
+	Data  bool   // an FSYNC of file data only (fdatasync): the file is new, its size is data
 	role  role
 	dir   uint16 // a MKDIR's or directory FSYNC's path: its offset in the program's dirs
 }
