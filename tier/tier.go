@@ -249,9 +249,9 @@ func chooseEngine(dir string, opts Options) (EngineInfo, error) {
 }
 
 // run is a shard's owner goroutine, with either engine: it sets up the
-// shard's backend (an io_uring owner on a filesystem that may block it
-// first takes a thread of its own), says how that went on errs, and runs
-// the shard's loop.
+// shard's backend (an io_uring owner with EngineInfo.OwnThreads first takes
+// a thread of its own), says how that went on errs, and runs the shard's
+// loop.
 func (s *shard) run(errs chan<- error) {
 	e := s.t.engine
 	if e.OwnThreads {
