@@ -179,3 +179,120 @@ func (h Header) check(key, payload []byte) error {
 	}
 	return nil
 }
+
+// Format is how a block sits in its file, the seam beside Layout: where
+// the payload starts, what a store writes before it and what makes a file
+// a valid block. Programs (Config.Format), Put, Get and Verify follow it.
+type Format uint8
+
+const (
+	// FormatFramed, the default: a HeaderSize-byte header that names the
+	// key, the payload's size and CRC32C, then the payload (see the
+	// package doc). CheckBlock is its validity rule.
+	FormatFramed Format = iota
+	// FormatRaw: the payload and nothing else, as vLLM's filesystem tier
+	// writes its blocks. A file is a valid block exactly when it is a
+	// regular file of the block size (CheckRaw); nothing in it names its
+	// key or checks its bytes, so the path is all the trust there is:
+	// loads open beneath the namespace directory without following any
+	// symlink, and judge whatever is not a regular file corrupt. A raw
+	// store skips a block that is already there, as vLLM's does.
+	FormatRaw
+)
+
+// String returns "framed" or "raw".
+func (f Format) String() string {
+	switch f {
+	case FormatFramed:
+		return "framed"
+	case FormatRaw:
+		return "raw"
+	}
+	return fmt.Sprintf("Format(%d)", uint8(f))
+}
+
+// ParseFormat parses "framed" (or "") or "raw".
+func ParseFormat(s string) (Format, error) {
+	switch s {
+	case "framed", "":
+		return FormatFramed, nil
+	case "raw":
+		return FormatRaw, nil
+	}
+	return 0, fmt.Errorf("%w: format %q (want framed or raw)", ErrInvalidOptions, s)
+}
+
+// PayloadOffset is where the payload starts in a block file: HeaderSize
+// in the framed format, 0 in the raw one.
+func (f Format) PayloadOffset() int64 {
+	if f == FormatRaw {
+		return 0
+	}
+	return HeaderSize
+}
+
+// CheckRaw is the one rule for a valid raw block file, which every reader
+// applies (Get, Verify, both of the tier's engines): it is exactly
+// blockSize bytes long, size being its length as fstat or the reads found
+// it. The caller has checked that it is a regular file. Every failure
+// wraps ErrCorrupt. It does not allocate on success.
+func CheckRaw(size, blockSize int64) error {
+	if size != blockSize {
+		return fmt.Errorf("%w: file is %d bytes, the block size is %d", ErrCorrupt, size, blockSize)
+	}
+	return nil
+}
+
+// CorruptAction is what a load does with a block file it judged corrupt.
+type CorruptAction uint8
+
+const (
+	// CorruptDefault is the format's choice: CorruptQuarantine for
+	// FormatFramed, CorruptLeave for FormatRaw (a directory shared with
+	// other writers, whose files are theirs).
+	CorruptDefault CorruptAction = iota
+	// CorruptLeave reports the block corrupt and leaves its file alone.
+	CorruptLeave
+	// CorruptRemove deletes the file, as vLLM does after any failed load.
+	CorruptRemove
+	// CorruptQuarantine moves the file into the quarantine directory.
+	CorruptQuarantine
+)
+
+// String returns "default", "leave", "remove" or "quarantine".
+func (a CorruptAction) String() string {
+	switch a {
+	case CorruptDefault:
+		return "default"
+	case CorruptLeave:
+		return "leave"
+	case CorruptRemove:
+		return "remove"
+	case CorruptQuarantine:
+		return "quarantine"
+	}
+	return fmt.Sprintf("CorruptAction(%d)", uint8(a))
+}
+
+// ParseCorruptAction parses "default" (or ""), "leave", "remove" or
+// "quarantine".
+func ParseCorruptAction(s string) (CorruptAction, error) {
+	for a := CorruptDefault; a <= CorruptQuarantine; a++ {
+		if s == a.String() || s == "" && a == CorruptDefault {
+			return a, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: corrupt-block action %q (want default, leave, remove or quarantine)", ErrInvalidOptions, s)
+}
+
+// Resolve returns the action in force for blocks of format f: a itself,
+// or f's choice for CorruptDefault.
+func (a CorruptAction) Resolve(f Format) CorruptAction {
+	switch {
+	case a != CorruptDefault:
+		return a
+	case f == FormatRaw:
+		return CorruptLeave
+	}
+	return CorruptQuarantine
+}

@@ -173,7 +173,7 @@ func (s *Store) Verify(ns string, action VerifyAction, report func(Problem)) (Ve
 		}
 		// O_NOATIME: checking a block is not using it, and must not
 		// make it look recently used to Evict.
-		_, ino, err := readBlock(b.Path, unix.O_NOATIME, b.Key, buf, grow)
+		_, ino, err := s.readBlock(b.Path, unix.O_NOATIME, b.Key, buf, grow)
 		if err == unix.ENOENT {
 			return nil // deleted since the scan saw it
 		}

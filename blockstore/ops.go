@@ -24,7 +24,9 @@ var headerPool = sync.Pool{New: func() any { return new([HeaderSize]byte) }}
 // since blocks are content-addressed its content is the same. On failure
 // the temporary file is removed and nothing becomes visible. Put runs the
 // store program (Program) beneath the namespace directory, opened for the
-// call: nothing on the way is a symlink it follows.
+// call: nothing on the way is a symlink it follows. In the raw format the
+// payload must be the block size, and a block already there is left as
+// it is (nil).
 func (s *Store) Put(ns string, key, payload []byte) error {
 	if err := ValidateNamespace(ns); err != nil {
 		return err
@@ -34,6 +36,9 @@ func (s *Store) Put(ns string, key, payload []byte) error {
 	}
 	if len(payload) > PayloadSizeMax {
 		return fmt.Errorf("%w: %d bytes, more than %d", ErrPayloadSize, len(payload), PayloadSizeMax)
+	}
+	if s.format == FormatRaw && int64(len(payload)) != s.blockSize {
+		return fmt.Errorf("%w: %d bytes, the raw format's block size is %d", ErrPayloadSize, len(payload), s.blockSize)
 	}
 	cfg := s.programConfig(ns)
 	dirfd, err := s.openNamespace(cfg.Dir)
@@ -65,7 +70,7 @@ func (s *Store) Put(ns string, key, payload []byte) error {
 			dirfd = fd
 		}
 	}
-	if p.Status != StatusStored {
+	if p.Status != StatusStored && p.Status != StatusPresent {
 		return p.Err
 	}
 	return nil
@@ -113,7 +118,8 @@ func (s *Store) programConfig(ns string) *Config {
 		return c.(*Config)
 	}
 	nsDir := s.root + "/" + ns
-	c, _ := s.configs.LoadOrStore(ns, &Config{Layout: s.layout, Durability: s.durability, Dir: nsDir, Namespace: ns, Dirs: nsDirs{s, nsDir}})
+	c, _ := s.configs.LoadOrStore(ns, &Config{Layout: s.layout, Format: s.format, Durability: s.durability, Corrupt: CorruptLeave,
+		Dir: nsDir, Namespace: ns, Dirs: nsDirs{s, nsDir}})
 	return c.(*Config)
 }
 
@@ -190,6 +196,12 @@ func (s *Store) Get(ns string, key, buf []byte) (int, error) {
 		return 0, &fs.PathError{Op: "get", Path: path, Err: err}
 	}
 	size := min(max(st.Size-HeaderSize, 0), int64(len(buf)))
+	if s.format == FormatRaw {
+		if int64(len(buf)) < s.blockSize {
+			return 0, &fs.PathError{Op: "get", Path: path, Err: fmt.Errorf("%w: buffer is %d bytes, the block size is %d", ErrBufferSize, len(buf), s.blockSize)}
+		}
+		size = s.blockSize
+	}
 	hdr := headerPool.Get().(*[HeaderSize]byte)
 	defer headerPool.Put(hdr)
 	p := programPool.Get().(*Program)
@@ -209,7 +221,7 @@ func (s *Store) Get(ns string, key, buf []byte) (int, error) {
 	case StatusMissing:
 		return 0, &fs.PathError{Op: "get", Path: path, Err: unix.ENOENT}
 	}
-	if h, err := DecodeHeader(hdr[:]); err == nil && h.PayloadSize > int64(len(buf)) && st.Size == h.FileSize() {
+	if h, err := DecodeHeader(hdr[:]); s.format == FormatFramed && err == nil && h.PayloadSize > int64(len(buf)) && st.Size == h.FileSize() {
 		return 0, &fs.PathError{Op: "get", Path: path, Err: fmt.Errorf("%w: buffer is %d bytes, payload is %d", ErrBufferSize, len(buf), h.PayloadSize)}
 	}
 	return 0, &fs.PathError{Op: "get", Path: path, Err: p.Err}
@@ -249,13 +261,13 @@ func CheckRegular(mode uint32) error {
 	return fmt.Errorf("%w: not a regular file (%s)", ErrCorrupt, kind)
 }
 
-// readBlock reads and verifies the block file at path, opened with flags
-// added to blockOpenFlags, into buf: a symlink at path is not followed,
-// and is corrupt. If grow is non-nil, buf is replaced by grow(size) when
-// it is too small. It returns the payload size, the inode of what is at
-// path (once known, also with an error) and raw errnos or
-// ErrCorrupt/ErrBufferSize errors.
-func readBlock(path string, flags int, key, buf []byte, grow func(int) []byte) (n int, ino uint64, err error) {
+// readBlock reads and verifies the block file at path in the store's
+// format, opened with flags added to blockOpenFlags, into buf: a symlink
+// at path is not followed, and is corrupt. If grow is non-nil, buf is
+// replaced by grow(size) when it is too small. It returns the payload
+// size, the inode of what is at path (once known, also with an error) and
+// raw errnos or ErrCorrupt/ErrBufferSize errors.
+func (s *Store) readBlock(path string, flags int, key, buf []byte, grow func(int) []byte) (n int, ino uint64, err error) {
 	fd, err := openFile(path, blockOpenFlags|flags, 0)
 	if err == unix.EPERM && flags&unix.O_NOATIME != 0 {
 		// O_NOATIME needs ownership or CAP_FOWNER; without it, read anyway.
@@ -273,12 +285,12 @@ func readBlock(path string, flags int, key, buf []byte, grow func(int) []byte) (
 		return 0, 0, err
 	}
 	defer unix.Close(fd)
-	return readFile(fd, key, buf, grow)
+	return s.readFile(fd, key, buf, grow)
 }
 
 // readFile is readBlock once the file is open: it checks that the file is
 // a regular one before reading.
-func readFile(fd int, key, buf []byte, grow func(int) []byte) (n int, ino uint64, err error) {
+func (s *Store) readFile(fd int, key, buf []byte, grow func(int) []byte) (n int, ino uint64, err error) {
 	var st unix.Stat_t
 	if err := ignoringEINTR(func() error { return unix.Fstat(fd, &st) }); err != nil {
 		return 0, 0, err
@@ -286,8 +298,35 @@ func readFile(fd int, key, buf []byte, grow func(int) []byte) (n int, ino uint64
 	if err := CheckRegular(st.Mode); err != nil {
 		return 0, st.Ino, err
 	}
-	n, err = readOpen(fd, &st, key, buf, grow)
+	if s.format == FormatRaw {
+		n, err = s.readRaw(fd, &st, buf, grow)
+	} else {
+		n, err = readOpen(fd, &st, key, buf, grow)
+	}
 	return n, st.Ino, err
+}
+
+// readRaw is readFile for a raw block: CheckRaw on the file's size, then
+// the whole block, whose reads may fail (EIO) or find it shorter.
+func (s *Store) readRaw(fd int, st *unix.Stat_t, buf []byte, grow func(int) []byte) (int, error) {
+	if err := CheckRaw(st.Size, s.blockSize); err != nil {
+		return 0, err
+	}
+	size := int(s.blockSize)
+	if len(buf) < size {
+		if grow == nil {
+			return 0, fmt.Errorf("%w: buffer is %d bytes, the block size is %d", ErrBufferSize, len(buf), size)
+		}
+		buf = grow(size)
+	}
+	n, err := preadFull(fd, buf[:size], 0)
+	if err != nil {
+		return 0, err
+	}
+	if err := CheckRaw(int64(n), s.blockSize); err != nil {
+		return 0, err // shortened since the fstat
+	}
+	return n, nil
 }
 
 // readOpen is readBlock once the file is open.

@@ -28,15 +28,17 @@ import (
 //
 //	lookup: STATX, or an OPEN with O_PATH that is a Probe (no symlink followed; anything
 //	        else at the path may be a block, for a load to judge)
-//	load:   OPEN ─ READ past the block's end ═ READ header ─ READ payload ─ … ─ CLOSE
+//	load:   OPEN ─ READ past the block's end ═ [READ header ─] READ payload ─ … ─ CLOSE
 //	        then for a short read: READ the rest ─ … ─ CLOSE; for an open or read that fails
-//	        oddly or a file shorter than a header: STATX (what is there?); for a corrupt
-//	        block: RENAME into quarantine
-//	store:  [MKDIR aa ═ OPEN aa ─ CLOSE ─ MKDIR aa/bb ═ OPEN aa/bb ─ CLOSE ─] OPEN tmp (O_CREAT|O_EXCL) ─ WRITE header
-//	        ─ WRITE payload ─ … [─ FSYNC] ─ CLOSE ─ RENAME tmp → block
+//	        oddly or a file shorter than the format's least (a header; a raw block): STATX
+//	        (what is there?); for a corrupt block, as Config.Corrupt says: RENAME into
+//	        quarantine, or UNLINK it, or nothing
+//	store:  [raw: STATX block, then nothing more if a block of the right size is there]
+//	        [MKDIR aa ═ OPEN aa ─ CLOSE ─ MKDIR aa/bb ═ OPEN aa/bb ─ CLOSE ─] OPEN tmp (O_CREAT|O_EXCL)
+//	        ─ [WRITE header ─] WRITE payload ─ … [─ FSYNC] ─ CLOSE ─ RENAME tmp → block
 //	        then for a short write: WRITE the rest ─ … ─ CLOSE ─ RENAME; on failure: UNLINK tmp;
 //	        for DurabilityFull: OPEN dir ─ FSYNC ═ CLOSE for the block's directory (and its parents if created)
-//	(─ LinkOnSuccess, ═ LinkAlways)
+//	(─ LinkOnSuccess, ═ LinkAlways; [header] in the framed format only)
 //
 // The READ past the block's end finds nothing in a valid block file: it is
 // how a reader that does not fstat learns that bytes were appended. The
@@ -108,6 +110,8 @@ const (
 	rolePublish
 	roleQuarantine
 	roleUnlink
+	roleExists // a raw store's STATX of the block: is one there already
+	roleRemove // a load's UNLINK of a corrupt block (CorruptRemove)
 )
 
 // Step is one system call of a program's phase. The executor fills Res;
@@ -153,6 +157,7 @@ const (
 	StatusStored         // store: the block is published
 	StatusCorrupt        // load: the file is not a valid block of this key and size
 	StatusFailed         // the filesystem failed an operation; Err says which
+	StatusPresent        // store (raw format): a block was there already; nothing written
 )
 
 // Limits of a program.
@@ -185,6 +190,8 @@ const (
 	phaseDirSync
 	phaseClose // decided, but the file is still open: close it first
 	phaseType  // a load met something odd: STATX says whether a regular file is there
+	phaseExists
+	phaseRemove
 )
 
 // DirCache remembers which of a namespace's directories exist, so a store
@@ -232,13 +239,13 @@ type progress struct {
 	direct   bool
 	phase    phase
 	fileOpen bool
-	created  bool  // a store made directories (their parents need a sync for DurabilityFull)
-	retried  bool  // a store already recreated its directories once
-	eof      bool  // a load's read met the end of the file
-	moveAway bool  // a load's verdict, kept through its type check: quarantine the file
-	moved    bool  // a load tried to move the file into the quarantine
-	moveErr  error // and this is why it could not
-	tail     int32 // bytes a load found past the end of a block of the expected size
+	created  bool          // a store made directories (their parents need a sync for DurabilityFull)
+	retried  bool          // a store already recreated its directories once
+	eof      bool          // a load's read met the end of the file
+	moveAway bool          // a load's verdict, kept through its type check: dispose of the file
+	disposal CorruptAction // what a load did with the file: CorruptQuarantine or CorruptRemove, once tried
+	dispErr  error         // and this is why it could not
+	tail     int32         // bytes a load found past the end of a block of the expected size
 	hdrDone  int64
 	payDone  int64
 	cause    error
@@ -249,25 +256,48 @@ type progress struct {
 // programs use it.
 type Config struct {
 	Layout       Layout
+	Format       Format // how a block sits in its file
 	Durability   Durability
-	Dir          string   // the namespace directory, absolute: errors name paths under it
-	Quarantine   string   // where corrupt blocks go, absolute; "" leaves them in place
-	Namespace    string   // names quarantined files
-	Dirs         DirCache // directories known to exist
-	LookupByOpen bool     // lookups open the path with O_PATH (a Probe) instead of statx
+	Corrupt      CorruptAction // what a load does with a corrupt file; CorruptDefault is the format's choice
+	Dir          string        // the namespace directory, absolute: errors name paths under it
+	Quarantine   string        // where CorruptQuarantine moves corrupt blocks, absolute; "" leaves them in place
+	Namespace    string        // names quarantined files
+	Dirs         DirCache      // directories known to exist
+	LookupByOpen bool          // lookups open the path with O_PATH (a Probe) instead of statx
 }
 
 // KeyBytes returns the program's key.
 func (p *Program) KeyBytes() []byte { return p.Key[:p.KeyLen] }
 
-// Quarantined reports whether a decided load tried to move its file into
-// the quarantine: the block's path under the namespace directory, where it
-// was to go, and the move's error (nil: moved).
-func (p *Program) Quarantined() (rel, dst []byte, err error, ok bool) {
-	if !p.moved {
-		return nil, nil, nil, false
+// Disposal is what a load did with a block file it judged corrupt.
+type Disposal struct {
+	Action CorruptAction // CorruptQuarantine or CorruptRemove
+	Rel    []byte        // the block's path under the namespace directory; the program's memory
+	Dst    []byte        // CorruptQuarantine: where the file was to go; the program's memory
+	Err    error         // why it could not be done; nil: done
+}
+
+// Disposed reports whether a decided load tried to quarantine or remove
+// its file, and how that went.
+func (p *Program) Disposed() (Disposal, bool) {
+	d := Disposal{Action: p.disposal, Rel: cstr(p.path[:]), Err: p.dispErr}
+	switch p.disposal {
+	case CorruptQuarantine:
+		d.Dst = cstr(p.qpath[:])
+	case CorruptRemove:
+	default:
+		return Disposal{}, false
 	}
-	return cstr(p.path[:]), cstr(p.qpath[:]), p.moveErr, true
+	return d, true
+}
+
+// corrupt is the action in force for corrupt files.
+func (c *Config) corrupt() CorruptAction {
+	a := c.Corrupt.Resolve(c.Format)
+	if a == CorruptQuarantine && c.Quarantine == "" {
+		return CorruptLeave
+	}
+	return a
 }
 
 // cstr cuts b at its first NUL.
@@ -292,13 +322,16 @@ func (c *Config) Check() error {
 		levels = 1 + bytes.Count(dir, []byte{'/'})
 	}
 	store := 3*levels + 5 + ChunksMax // MKDIR+OPEN+CLOSE a level; OPEN, header WRITE, FSYNC, CLOSE, RENAME
+	if c.Format > FormatRaw || c.Corrupt > CorruptQuarantine {
+		return fmt.Errorf("%w: format %v, corrupt-block action %v", ErrInvalidOptions, c.Format, c.Corrupt)
+	}
 	quarantine := len(c.Quarantine) + 1 + len(c.Namespace) + 1 + 2*KeySizeMax + 1 + 20
 	switch {
 	case len(path) >= PathMax || len(tmp) >= PathMax || 2*len(dir)+2 > PathMax:
 		return fmt.Errorf("%w: the layout's paths take up to %d bytes, more than %d", ErrInvalidOptions, max(len(path), len(tmp), 2*len(dir)+2), PathMax-1)
 	case store > StepsMax || 3*(levels+1) > StepsMax:
 		return fmt.Errorf("%w: the layout's %d directory levels need %d steps in a phase, more than %d", ErrInvalidOptions, levels, store, StepsMax)
-	case c.Quarantine != "" && quarantine >= quarantinePathMax:
+	case c.corrupt() == CorruptQuarantine && quarantine >= quarantinePathMax:
 		return fmt.Errorf("%w: quarantine paths of %d bytes, more than %d", ErrInvalidOptions, quarantine, quarantinePathMax-1)
 	}
 	return nil
@@ -312,6 +345,9 @@ func (c *Config) Check() error {
 func (p *Program) Start(cfg *Config, op Op, key, buf, hdr []byte, direct bool) error {
 	p.Op, p.N, p.Status, p.Err, p.Canceled, p.Renew = op, 0, StatusPending, nil, false, false
 	p.progress = progress{cfg: cfg, buf: buf, hdr: hdr, direct: direct, fd: -1}
+	if op == OpStore && cfg.Format == FormatRaw {
+		p.phase = phaseExists // a raw store skips a block that is there
+	}
 	p.KeyLen = uint8(copy(p.Key[:], key))
 	path := append(cfg.Layout.AppendPath(p.path[:0], key), 0)
 	if len(path) > len(p.path) {
@@ -353,16 +389,20 @@ func (p *Program) lay() {
 		s := p.add(StepOpen, roleOpen, LinkOnSuccess)
 		s.Path, s.How = &p.path[0], &p.How
 		// The header buffer first serves the read past the block's end;
-		// the header read after it overwrites it.
+		// the header read after it overwrites it. (A raw block has no
+		// header: the buffer is the read's alone.)
+		off := p.cfg.Format.PayloadOffset()
 		s = p.add(StepRead, roleTail, LinkAlways)
-		s.Buf, s.Off = p.hdr, HeaderSize+int64(len(p.buf))
-		// A short header read stops the chain, leaving the file open for
-		// the next phase to read on (or, at its end, to judge).
-		s = p.add(StepRead, roleHeader, LinkOnSuccess)
-		s.Buf = p.hdr
+		s.Buf, s.Off = p.hdr, off+int64(len(p.buf))
+		if off > 0 {
+			// A short header read stops the chain, leaving the file open for
+			// the next phase to read on (or, at its end, to judge).
+			s = p.add(StepRead, roleHeader, LinkOnSuccess)
+			s.Buf = p.hdr
+		}
 		p.layLoadRest()
 	case p.Op == OpLoad && p.phase == phaseResume:
-		if n := p.hdrDone; n < HeaderSize {
+		if n := p.hdrDone; n < p.cfg.Format.PayloadOffset() {
 			s := p.add(StepRead, roleHeader, LinkOnSuccess)
 			s.Buf, s.Off = p.hdr[n:], n
 		}
@@ -372,6 +412,10 @@ func (p *Program) lay() {
 	case p.Op == OpLoad && p.phase == phaseQuarantine:
 		s := p.add(StepRename, roleQuarantine, LinkNone)
 		s.Path, s.Path2, s.Abs2 = &p.path[0], &p.qpath[0], true
+	case p.Op == OpLoad && p.phase == phaseRemove:
+		p.add(StepUnlink, roleRemove, LinkNone).Path = &p.path[0]
+	case p.Op == OpStore && p.phase == phaseExists:
+		p.add(StepStatx, roleExists, LinkNone).Path = &p.path[0]
 	case p.Op == OpStore && p.phase == phaseMain:
 		p.layStore()
 	case p.Op == OpStore && p.phase == phaseResume:
@@ -395,7 +439,7 @@ func (p *Program) layChunks(op StepOp) int64 {
 			break
 		}
 		s := p.add(op, rolePayload, LinkOnSuccess)
-		s.Buf, s.Off = chunk(p.buf, done), HeaderSize+done
+		s.Buf, s.Off = chunk(p.buf, done), p.cfg.Format.PayloadOffset()+done
 		done += int64(len(s.Buf))
 	}
 	return done

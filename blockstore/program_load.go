@@ -1,8 +1,8 @@
 package blockstore
 
-// The load program: open, read past the end, header and payload, close;
-// a short read reads on, something odd is looked at, a corrupt file goes to
-// the quarantine.
+// The load program: open, read past the end, header (framed format) and
+// payload, close; a short read reads on, something odd is looked at, a
+// corrupt file goes to the quarantine or is removed, as Config.Corrupt says.
 
 import (
 	"fmt"
@@ -24,12 +24,15 @@ func (p *Program) layLoadRest() {
 // on, look at what is there, quarantine it).
 func (p *Program) judgeLoad() bool {
 	switch p.phase {
-	case phaseQuarantine:
-		p.moved = true
-		if r := p.Steps[0].Res; r < 0 {
-			p.moveErr = syscall.Errno(-r)
+	case phaseQuarantine, phaseRemove:
+		p.disposal = CorruptQuarantine
+		if p.phase == phaseRemove {
+			p.disposal = CorruptRemove
 		}
-		return p.decide(p.Status, p.Err) // set before the quarantine, whatever the move did
+		if r := p.Steps[0].Res; r < 0 {
+			p.dispErr = syscall.Errno(-r)
+		}
+		return p.decide(p.Status, p.Err) // set before the disposal, whatever it did
 	case phaseType:
 		if p.Steps[0].Res >= 0 && p.Stx.Mode&unix.S_IFMT != unix.S_IFREG {
 			p.Status, p.Err, p.moveAway = StatusCorrupt, CheckRegular(uint32(p.Stx.Mode)), true
@@ -70,7 +73,8 @@ func (p *Program) judgeLoad() bool {
 			p.eof = p.eof || r == 0
 		}
 	}
-	if !p.eof && (p.hdrDone < HeaderSize || p.payDone < int64(len(p.buf))) {
+	off := p.cfg.Format.PayloadOffset()
+	if !p.eof && (p.hdrDone < off || p.payDone < int64(len(p.buf))) {
 		if !moved || p.Canceled {
 			// Nothing read and no end of file: the reads were canceled.
 			return p.decide(StatusFailed, p.pathError(StepRead, p.path[:], syscall.ECANCELED))
@@ -81,15 +85,16 @@ func (p *Program) judgeLoad() bool {
 	// The file's length as the reads found it.
 	size := p.hdrDone
 	switch {
-	case p.hdrDone < HeaderSize:
+	case p.hdrDone < off:
 	case p.payDone < int64(len(p.buf)):
 		size += p.payDone
 	default:
 		size += p.payDone + int64(p.tail)
 	}
-	st, quarantine, err := judgeFile(p.KeyBytes(), p.hdr[:p.hdrDone], p.buf[:p.payDone], size, len(p.buf))
-	if p.hdrDone < HeaderSize {
-		// Shorter than a header: a FIFO or a device reads so too.
+	st, quarantine, err := judgeFile(p.cfg.Format, p.KeyBytes(), p.hdr[:p.hdrDone], p.buf[:p.payDone], size, len(p.buf))
+	if p.hdrDone < off || off == 0 && size < int64(len(p.buf)) {
+		// Shorter than a header, or than a raw block: a FIFO or a
+		// device reads so too.
 		return p.checkType(st, err, quarantine)
 	}
 	p.Status, p.Err, p.moveAway = st, err, quarantine
@@ -116,10 +121,19 @@ func (p *Program) checkType(st Status, err error, quarantine bool) bool {
 	return false
 }
 
-// settleLoad decides a load with the verdict in Status and Err, moving the
-// file to the quarantine first when the verdict says so.
+// settleLoad decides a load with the verdict in Status and Err, first
+// moving the file to the quarantine or removing it when the verdict and
+// Config.Corrupt say so.
 func (p *Program) settleLoad() bool {
-	if !p.moveAway || p.cfg.Quarantine == "" {
+	if !p.moveAway {
+		return p.decide(p.Status, p.Err)
+	}
+	switch p.cfg.corrupt() {
+	case CorruptRemove:
+		p.next(phaseRemove)
+		return false
+	case CorruptQuarantine:
+	default:
 		return p.decide(p.Status, p.Err)
 	}
 	q := fmt.Appendf(append(append(append(p.qpath[:0], p.cfg.Quarantine...), '/'), p.cfg.Namespace...), ".%x.%d", p.KeyBytes(), NewTempToken())
@@ -128,10 +142,17 @@ func (p *Program) settleLoad() bool {
 	return false
 }
 
-// judgeFile applies CheckBlock, the one validity rule, and says whether a
-// corrupt file should be moved aside: a block of another size, whole as
-// its header describes it, is someone else's, not damaged.
-func judgeFile(key, hdr, payload []byte, size int64, blockSize int) (Status, bool, error) {
+// judgeFile applies the format's validity rule (CheckBlock, CheckRaw) and
+// says whether a corrupt file is to be disposed of: a framed block of
+// another size, whole as its header describes it, is someone else's, not
+// damaged; a raw file of the wrong size says nothing of whose it is.
+func judgeFile(f Format, key, hdr, payload []byte, size int64, blockSize int) (Status, bool, error) {
+	if f == FormatRaw {
+		if err := CheckRaw(size, int64(blockSize)); err != nil {
+			return StatusCorrupt, true, err
+		}
+		return StatusLoaded, false, nil
+	}
 	err := CheckBlock(key, hdr, payload, size)
 	if err == nil && len(payload) == blockSize {
 		return StatusLoaded, false, nil

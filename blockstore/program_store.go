@@ -3,6 +3,7 @@ package blockstore
 // The store program: make and check the directories, write a temporary
 // file, sync, close and rename it onto the block; a short write writes on,
 // a failure removes the temporary file, DurabilityFull syncs directories.
+// A raw store first looks for the block and writes nothing if it is there.
 
 import (
 	"bytes"
@@ -42,8 +43,13 @@ func (p *Program) layStore() {
 			p.add(StepClose, roleClose, LinkOnSuccess)
 		}
 	}
-	EncodeHeader(p.hdr, key, p.buf)
-	p.How = unix.OpenHow{Flags: unix.O_WRONLY | unix.O_CREAT | unix.O_EXCL, Mode: fileMode, Resolve: ResolveBeneath}
+	flags := uint64(unix.O_WRONLY | unix.O_CREAT | unix.O_EXCL)
+	if p.cfg.Format == FormatRaw {
+		flags |= unix.O_TRUNC // as vLLM opens its temporary files
+	} else {
+		EncodeHeader(p.hdr, key, p.buf)
+	}
+	p.How = unix.OpenHow{Flags: flags, Mode: fileMode, Resolve: ResolveBeneath}
 	if p.direct {
 		p.How.Flags |= unix.O_DIRECT // offloading must not fill the page cache
 	}
@@ -55,7 +61,7 @@ func (p *Program) layStore() {
 // layStoreRest writes what is left of the header and the payload (at most
 // ChunksMax payload writes in a phase), then syncs, closes and publishes.
 func (p *Program) layStoreRest() {
-	if n := p.hdrDone; n < HeaderSize {
+	if n := p.hdrDone; n < p.cfg.Format.PayloadOffset() {
 		s := p.add(StepWrite, roleHeader, LinkOnSuccess)
 		s.Buf, s.Off = p.hdr[n:], n
 	}
@@ -120,6 +126,8 @@ func (p *Program) firstFailure() (int, error) {
 // on, retry in a recreated directory, clean up, sync directories).
 func (p *Program) judgeStore() bool {
 	switch p.phase {
+	case phaseExists:
+		return p.judgeExists()
 	case phaseCleanup:
 		return p.decide(StatusFailed, p.cause)
 	case phaseDirSync:
@@ -200,4 +208,25 @@ func (p *Program) judgeStore() bool {
 	p.cause = perr
 	p.next(phaseCleanup)
 	return false
+}
+
+// judgeExists judges a raw store's look at the block's path: a regular
+// file of the block size is a block (a raw block has nothing more to
+// check), and the store ends StatusPresent without writing, as vLLM's
+// skips an existing file; anything else there (a file of another size, a
+// symlink) is replaced by the new block's rename, and a missing directory
+// is made by the store.
+func (p *Program) judgeExists() bool {
+	s := &p.Steps[0]
+	switch r := s.Res; {
+	case r >= 0 && p.Stx.Mode&unix.S_IFMT == unix.S_IFREG && int64(p.Stx.Size) == int64(len(p.buf)):
+		return p.decide(StatusPresent, nil)
+	case p.Canceled:
+		return p.decide(StatusFailed, p.pathError(StepStatx, p.path[:], syscall.ECANCELED))
+	case r >= 0, r == -int32(unix.ENOENT), r == -int32(unix.ENOTDIR):
+		p.next(phaseMain)
+		return false
+	default:
+		return p.decide(StatusFailed, p.pathError(StepStatx, p.path[:], syscall.Errno(-r)))
+	}
 }

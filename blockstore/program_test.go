@@ -58,7 +58,7 @@ func (f *fakeFS) call(p *Program, s *Step) int32 {
 		if f.file == nil {
 			return -int32(unix.ENOENT)
 		}
-		p.Stx.Mode = unix.S_IFREG
+		p.Stx.Mode, p.Stx.Size = unix.S_IFREG, uint64(len(f.file))
 		if f.mode != 0 {
 			p.Stx.Mode = f.mode
 		}
@@ -85,6 +85,10 @@ func (f *fakeFS) call(p *Program, s *Step) int32 {
 	case StepRename:
 		if s.role == rolePublish {
 			f.file = append([]byte(nil), f.tmp...)
+		}
+	case StepUnlink:
+		if s.role == roleRemove {
+			f.file = nil
 		}
 	}
 	return 0

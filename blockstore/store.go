@@ -50,6 +50,13 @@ type Options struct {
 	Durability Durability
 	// Layout of block files under a namespace; FanoutLayout by default.
 	Layout Layout
+	// Format of block files; FormatFramed by default.
+	Format Format
+	// BlockSize is every block's payload size in bytes, which a raw block
+	// file must have exactly. Required with FormatRaw (Put stores only
+	// blocks of this size, and Get and Verify judge files by it); unused
+	// by the framed format, whose header says each block's size.
+	BlockSize int64
 	// QuarantineDir receives corrupt blocks that Verify quarantines;
 	// <root>/~quarantine by default ('~' cannot start a namespace, so it
 	// never collides with one). It must be on the root's filesystem.
@@ -72,6 +79,8 @@ type Store struct {
 	root       string     // absolute, cleaned; immutable
 	durability Durability // immutable
 	layout     Layout     // immutable
+	format     Format     // immutable
+	blockSize  int64      // immutable; 0 for the framed format
 	quarantine string     // absolute; immutable
 
 	// dirsMu guards dirs: the absolute paths of the root, namespace and
@@ -100,6 +109,14 @@ func Open(root string, opts Options) (*Store, error) {
 	if root == "" {
 		return nil, fmt.Errorf("%w: empty root", ErrInvalidOptions)
 	}
+	switch {
+	case opts.Format > FormatRaw:
+		return nil, fmt.Errorf("%w: format %v", ErrInvalidOptions, opts.Format)
+	case opts.Format == FormatRaw && (opts.BlockSize <= 0 || opts.BlockSize > PayloadSizeMax):
+		return nil, fmt.Errorf("%w: BlockSize %d with the raw format (want 1 to %d)", ErrInvalidOptions, opts.BlockSize, PayloadSizeMax)
+	case opts.Format == FormatFramed:
+		opts.BlockSize = 0
+	}
 	abs, err := filepath.Abs(root)
 	if err != nil {
 		return nil, err
@@ -111,13 +128,15 @@ func Open(root string, opts Options) (*Store, error) {
 		root:       abs,
 		durability: opts.Durability,
 		layout:     opts.Layout,
+		format:     opts.Format,
+		blockSize:  opts.BlockSize,
 		quarantine: opts.QuarantineDir,
 		dirs:       make(map[string]struct{}),
 	}
 	if s.layout == nil {
 		s.layout = FanoutLayout{}
 	}
-	if err := (&Config{Layout: s.layout}).Check(); err != nil {
+	if err := (&Config{Layout: s.layout, Format: s.format}).Check(); err != nil {
 		return nil, err // Put's and Get's programs would not fit their limits
 	}
 	if s.quarantine == "" {
@@ -136,6 +155,13 @@ func (s *Store) Layout() Layout { return s.layout }
 
 // Durability returns the store's durability.
 func (s *Store) Durability() Durability { return s.durability }
+
+// Format returns the store's block format.
+func (s *Store) Format() Format { return s.format }
+
+// QuarantineDir returns the absolute directory corrupt blocks are moved
+// into (Verify, and the tier's loads, with CorruptQuarantine).
+func (s *Store) QuarantineDir() string { return s.quarantine }
 
 // NamespaceDir validates ns, creates its directory (and the root) if
 // needed and returns its absolute path, for a caller that opens it as a
