@@ -3,7 +3,6 @@ package tier
 import (
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"syscall"
 	"unsafe"
@@ -29,7 +28,9 @@ func probeDirect(dir string, opts Options) (bool, string) {
 	case opts.BlockSize%blockstore.HeaderSize != 0:
 		return false, fmt.Sprintf("block size %d is not a multiple of %d", opts.BlockSize, blockstore.HeaderSize)
 	}
-	path := filepath.Join(dir, fmt.Sprintf(".direct-probe.%d.%d", os.Getpid(), blockstore.NewTempToken()))
+	// Named as vLLM names its probes and temporary files (*_<digits>.tmp),
+	// so that a probe a crash left behind is anyone's clean-up's.
+	path := filepath.Join(dir, fmt.Sprintf(".direct-probe_%d.tmp", blockstore.NewTempToken()&(1<<63-1)))
 	fd, err := unix.Open(path, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_DIRECT|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return false, fmt.Sprintf("the filesystem refuses O_DIRECT: %v", err)

@@ -113,9 +113,7 @@ func (b *syncBackend) run(p *blockstore.Program, o *op, hdr []byte) (Status, err
 	for {
 		p.RunSync(dir)
 		if p.Judge() {
-			if rel, dst, err, ok := p.Quarantined(); ok {
-				b.t.noteQuarantine(rel, dst, p.Err, err)
-			}
+			b.t.noteDisposal(p)
 			return tierStatus[p.Status], p.Err
 		}
 		if p.Renew {

@@ -501,9 +501,7 @@ func (b *uringBackend) evaluate(i int32) {
 		b.probed = append(b.probed, uint32(i))
 		b.isProbed[i] = true
 	}
-	if rel, dst, err, ok := p.Quarantined(); ok {
-		b.t.noteQuarantine(rel, dst, p.Err, err)
-	}
+	b.t.noteDisposal(p)
 	b.doneQ = append(b.doneQ, i)
 }
 

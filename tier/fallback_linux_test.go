@@ -51,6 +51,9 @@ var conformanceSuite = []struct {
 	{"TestNotRegularAtBlockPath", TestNotRegularAtBlockPath},
 	{"TestSymlinkedFanoutDir", TestSymlinkedFanoutDir},
 	{"TestLogsStateChangesOnly", TestLogsStateChangesOnly},
+	{"TestVLLMRawCorrupt", TestVLLMRawCorrupt},
+	{"TestVLLMRawStore", TestVLLMRawStore},
+	{"TestVLLMScriptDirectory", TestVLLMScriptDirectory},
 }
 
 // notInConformanceSuite is every other test of this package, with the reason it stays out.
@@ -67,6 +70,7 @@ var notInConformanceSuite = map[string]string{
 	"TestNoteQuarantine":            "it calls the engines' hook directly, on the sync engine already",
 	"TestFailureClasses":            "it needs a FUSE mount; the counting is the shard's, the same code with either engine",
 	"TestProbedSlotsEmptied":        "it reads the io_uring engine's fixed-file table",
+	"TestVLLMConcurrentWriters":     "it races a Python process for seconds per engine; the sync engine it would run in the child is the same code as here",
 }
 
 // TestConformanceWithoutIOURing runs the conformance suite in a child process of this test binary

@@ -123,7 +123,9 @@ func (d *nsDirFD) renew(fd int) int {
 	if _, err := d.t.store.NamespaceDir(d.t.opts.Namespace); err != nil {
 		return fd // the retry fails and reports why
 	}
-	_ = os.MkdirAll(d.t.qDir, 0o755) // best effort: without it, corrupt blocks stay in place
+	if d.t.quarantines() {
+		_ = os.MkdirAll(d.t.qDir, 0o755) // best effort: without it, corrupt blocks stay in place
+	}
 	nfd, err := openDir(d.t.nsDir)
 	if err != nil {
 		return fd

@@ -109,6 +109,28 @@ type Options struct {
 	// Namespace is the directory under the tier's root holding its
 	// blocks; "default" by default.
 	Namespace string
+	// Layout maps keys to paths beneath the namespace directory;
+	// blockstore.FanoutLayout by default.
+	Layout blockstore.Layout
+	// Format is how blocks sit in their files: blockstore.FormatFramed
+	// (a header naming the key, with checksums) by default, or FormatRaw
+	// (the payload alone, valid when it is exactly BlockSize bytes; a
+	// store skips a block already there and answers StatusPresent).
+	Format blockstore.Format
+	// OnCorrupt is what a load does with a block file it finds corrupt:
+	// by default (CorruptDefault) it moves a framed one into
+	// <root>/~quarantine and leaves a raw one alone, since in a directory
+	// shared with other writers the file is theirs; CorruptRemove deletes
+	// it, as vLLM does after a failed load.
+	OnCorrupt blockstore.CorruptAction
+	// VLLM, when set, opens one rank's blocks of one KV-cache group in a
+	// directory of vLLM's filesystem offloading tier, the root being
+	// vLLM's root: it sets Namespace (the rank directory), Layout
+	// (blockstore.VLLMLayout) and Format (FormatRaw), which must be left
+	// unset, and when VLLM.Config is known, Open writes the base
+	// directory's config.json unless it is there. Reading never changes
+	// the directory: corrupt blocks stay unless OnCorrupt says otherwise.
+	VLLM *blockstore.VLLM
 	// Engine picks the engine; EngineAuto by default.
 	Engine EngineKind
 	// Depth is how many requests may be submitted and not yet polled;
@@ -196,8 +218,14 @@ func (o *Options) setDefaults() {
 			*v = d
 		}
 	}
+	if o.VLLM != nil && o.Namespace == "" && o.Layout == nil && o.Format == blockstore.FormatFramed {
+		o.Namespace, o.Layout, o.Format = o.VLLM.Namespace(), o.VLLM.Layout(), blockstore.FormatRaw
+	}
 	if o.Namespace == "" {
 		o.Namespace = "default"
+	}
+	if o.Layout == nil {
+		o.Layout = blockstore.FanoutLayout{}
 	}
 	def(&o.Depth, 256)
 	def(&o.BatchMax, 4096)
@@ -262,6 +290,18 @@ func (o *Options) validate() error {
 		return bad("lookup op %d", o.Lookup)
 	case o.Durability > blockstore.DurabilityFull:
 		return bad("Durability %d (want none, data or full)", o.Durability)
+	case o.Format > blockstore.FormatRaw:
+		return bad("Format %d (want framed or raw)", o.Format)
+	case o.OnCorrupt > blockstore.CorruptQuarantine:
+		return bad("OnCorrupt %d (want default, leave, remove or quarantine)", o.OnCorrupt)
+	}
+	if v := o.VLLM; v != nil {
+		if o.Namespace != v.Namespace() || o.Format != blockstore.FormatRaw || o.Layout != blockstore.Layout(v.Layout()) {
+			return bad("VLLM sets Namespace, Layout and Format: leave them unset")
+		}
+		if err := v.Validate(); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+		}
 	}
 	if err := blockstore.ValidateNamespace(o.Namespace); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidOptions, err)

@@ -16,6 +16,7 @@ var tierStatus = [...]Status{
 	blockstore.StatusStored:  StatusStored,
 	blockstore.StatusCorrupt: StatusCorrupt,
 	blockstore.StatusFailed:  StatusFailed,
+	blockstore.StatusPresent: StatusPresent,
 }
 
 // programConfig is the configuration of the tier's programs, with dirs
@@ -23,11 +24,32 @@ var tierStatus = [...]Status{
 func (t *Tier) programConfig(dirs blockstore.DirCache) blockstore.Config {
 	return blockstore.Config{
 		Layout:     t.store.Layout(),
+		Format:     t.opts.Format,
 		Durability: t.opts.Durability,
+		Corrupt:    t.opts.OnCorrupt.Resolve(t.opts.Format),
 		Dir:        t.nsDir,
 		Quarantine: t.qDir,
 		Namespace:  t.opts.Namespace,
 		Dirs:       dirs,
+	}
+}
+
+// quarantines reports whether loads move corrupt blocks into the
+// quarantine directory, which then must exist.
+func (t *Tier) quarantines() bool {
+	return t.opts.OnCorrupt.Resolve(t.opts.Format) == blockstore.CorruptQuarantine
+}
+
+// noteDisposal counts and logs what a decided load p did with a corrupt
+// block file, if anything. Safe from any goroutine.
+func (t *Tier) noteDisposal(p *blockstore.Program) {
+	d, ok := p.Disposed()
+	switch {
+	case !ok:
+	case d.Action == blockstore.CorruptRemove:
+		t.noteRemoval(d.Rel, p.Err, d.Err)
+	default:
+		t.noteQuarantine(d.Rel, d.Dst, p.Err, d.Err)
 	}
 }
 

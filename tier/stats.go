@@ -86,8 +86,10 @@ type statsCounters struct {
 
 	quarantined      atomic.Uint64
 	quarantineFailed atomic.Uint64
-	quarantineLogAt  atomic.Int64  // Unix ns of the last quarantine log line
-	quarantineQuiet  atomic.Uint64 // quarantines not logged since then
+	removed          atomic.Uint64
+	removeFailed     atomic.Uint64
+	quarantineLogAt  atomic.Int64  // Unix ns of the last quarantine or removal log line
+	quarantineQuiet  atomic.Uint64 // quarantines and removals not logged since then
 }
 
 func (c *statsCounters) observe(o Op, d time.Duration) { c.latency[o].Record(d) }
@@ -133,6 +135,10 @@ type Stats struct {
 	// quarantine directory; QuarantineFailed those they could not move.
 	Quarantined      uint64
 	QuarantineFailed uint64
+	// Removed counts corrupt block files that loads deleted
+	// (blockstore.CorruptRemove); RemoveFailed those they could not.
+	Removed      uint64
+	RemoveFailed uint64
 }
 
 // LatencyQuantile returns quantile q (0..1) of op's kernel operation
@@ -163,6 +169,7 @@ func (t *Tier) Stats() Stats {
 	s.Late, s.BreakerTrips, s.Held = c.late.Load(), c.breakerTrips.Load(), int(c.held.Load())
 	s.SubmitRetries = c.retries.Load()
 	s.Quarantined, s.QuarantineFailed = c.quarantined.Load(), c.quarantineFailed.Load()
+	s.Removed, s.RemoveFailed = c.removed.Load(), c.removeFailed.Load()
 	for _, sh := range t.shards {
 		s.InFlight += int(sh.inFlight.Load())
 		s.Queued += int(sh.queued.Load())
@@ -198,10 +205,22 @@ func (t *Tier) noteBreaker(shard int, open bool, stuck int) {
 	t.log.Info("tier: circuit breaker closed: a probe was answered in time", "shard", shard, "stuck", stuck)
 }
 
-// quarantineLogGap is the least time between two quarantine log lines: a
-// directory of damaged blocks must not flood the log. A line says how many
-// quarantines went unlogged before it.
+// quarantineLogGap is the least time between two log lines of quarantines
+// or removals: a directory of damaged blocks must not flood the log. A line
+// says how many went unlogged before it.
 const quarantineLogGap = time.Second
+
+// disposalLogged says whether a quarantine or removal may be logged now,
+// and if not counts it as unlogged.
+func (c *statsCounters) disposalLogged() bool {
+	now := time.Now().UnixNano()
+	last := c.quarantineLogAt.Load()
+	if now-last < int64(quarantineLogGap) || !c.quarantineLogAt.CompareAndSwap(last, now) {
+		c.quarantineQuiet.Add(1)
+		return false
+	}
+	return true
+}
 
 // noteQuarantine counts and logs a load's move of a corrupt block file
 // into the quarantine directory. rel is the block's path under the
@@ -216,10 +235,7 @@ func (t *Tier) noteQuarantine(rel, dst []byte, cause, err error) {
 	} else {
 		c.quarantineFailed.Add(1)
 	}
-	now := time.Now().UnixNano()
-	last := c.quarantineLogAt.Load()
-	if now-last < int64(quarantineLogGap) || !c.quarantineLogAt.CompareAndSwap(last, now) {
-		c.quarantineQuiet.Add(1)
+	if !c.disposalLogged() {
 		return
 	}
 	attrs := []any{
@@ -233,6 +249,32 @@ func (t *Tier) noteQuarantine(rel, dst []byte, cause, err error) {
 		return
 	}
 	t.log.Warn("tier: corrupt block moved to the quarantine", attrs...)
+}
+
+// noteRemoval counts and logs a load's removal of a corrupt block file
+// (blockstore.CorruptRemove), as noteQuarantine does a move: rel is the
+// block's path under the namespace directory, cause why it was corrupt and
+// err why the removal failed (nil: removed).
+func (t *Tier) noteRemoval(rel []byte, cause, err error) {
+	c := &t.stats
+	if err == nil {
+		c.removed.Add(1)
+	} else {
+		c.removeFailed.Add(1)
+	}
+	if !c.disposalLogged() {
+		return
+	}
+	attrs := []any{
+		"path", filepath.Join(t.nsDir, string(trimNUL(rel))),
+		"cause", cause,
+		"unlogged", c.quarantineQuiet.Swap(0),
+	}
+	if err != nil {
+		t.log.Error("tier: corrupt block could not be removed", append(attrs, "err", err)...)
+		return
+	}
+	t.log.Warn("tier: corrupt block removed", attrs...)
 }
 
 // trimNUL cuts b at its first NUL.

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"math/bits"
 	"os"
-	"path/filepath"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -138,9 +137,18 @@ func Open(dir string, opts Options) (*Tier, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	store, err := blockstore.Open(dir, blockstore.Options{Durability: opts.Durability})
+	bsOpts := blockstore.Options{Durability: opts.Durability, Layout: opts.Layout, Format: opts.Format}
+	if opts.Format == blockstore.FormatRaw {
+		bsOpts.BlockSize = int64(opts.BlockSize)
+	}
+	store, err := blockstore.Open(dir, bsOpts)
 	if err != nil {
 		return nil, err
+	}
+	if opts.VLLM != nil {
+		if err := opts.VLLM.WriteConfig(store.Root()); err != nil {
+			return nil, fmt.Errorf("tier: vLLM run config: %w", err)
+		}
 	}
 	nsDir, err := store.NamespaceDir(opts.Namespace)
 	if err != nil {
@@ -150,7 +158,7 @@ func Open(dir string, opts Options) (*Tier, error) {
 		opts:    opts,
 		store:   store,
 		nsDir:   nsDir,
-		qDir:    filepath.Join(store.Root(), "~quarantine"),
+		qDir:    store.QuarantineDir(),
 		seed:    maphash.MakeSeed(),
 		ready:   make(chan struct{}, 1),
 		reqs:    make([]request, opts.Depth),
@@ -166,8 +174,10 @@ func Open(dir string, opts Options) (*Tier, error) {
 	for i := range t.reqs {
 		t.free = append(t.free, int32(opts.Depth-1-i))
 	}
-	if err := os.MkdirAll(t.qDir, 0o755); err != nil {
-		return nil, fmt.Errorf("tier: %w", err)
+	if t.quarantines() {
+		if err := os.MkdirAll(t.qDir, 0o755); err != nil {
+			return nil, fmt.Errorf("tier: %w", err)
+		}
 	}
 	if err := t.startEngine(); err != nil {
 		return nil, err

@@ -80,6 +80,7 @@ type Collector struct {
 	readBytes, writtenBytes                            *prometheus.Desc
 	busy, cacheHits, shared, late                      *prometheus.Desc
 	breakerTrips, quarantined, quarantineFailed        *prometheus.Desc
+	removed, removeFailed                              *prometheus.Desc
 	inFlight, queued, held, stuck, breakerOpen         *prometheus.Desc
 	engineInfo                                         *prometheus.Desc
 	operationSeconds, requestSeconds, queueWaitSeconds *prometheus.Desc
@@ -113,6 +114,8 @@ func NewCollector(tr *tier.Tier, opts Options) *Collector {
 	c.breakerTrips = d("breaker_trips_total", "Times a circuit breaker opened.")
 	c.quarantined = d("quarantined_blocks_total", "Corrupt block files moved into the quarantine directory.")
 	c.quarantineFailed = d("quarantine_failures_total", "Corrupt block files that could not be moved into the quarantine directory.")
+	c.removed = d("removed_blocks_total", "Corrupt block files that loads removed (OnCorrupt remove).")
+	c.removeFailed = d("remove_failures_total", "Corrupt block files that loads could not remove.")
 	c.inFlight = d("operations_in_flight", "Key operations in the kernel or the sync engine's workers.")
 	c.queued = d("requests_queued", "Requests waiting for free operation slots.")
 	c.held = d("buffers_held", "Caller buffers the kernel still holds after their deadline.")
@@ -131,6 +134,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.requests, c.keys, c.outcomes, c.failures, c.readBytes, c.writtenBytes,
 		c.busy, c.cacheHits, c.shared, c.late, c.breakerTrips, c.quarantined, c.quarantineFailed,
+		c.removed, c.removeFailed,
 		c.inFlight, c.queued, c.held, c.stuck, c.breakerOpen, c.engineInfo,
 		c.operationSeconds, c.requestSeconds, c.queueWaitSeconds,
 	} {
@@ -176,6 +180,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.breakerTrips, s.BreakerTrips)
 	counter(c.quarantined, s.Quarantined)
 	counter(c.quarantineFailed, s.QuarantineFailed)
+	counter(c.removed, s.Removed)
+	counter(c.removeFailed, s.RemoveFailed)
 	gauge(c.inFlight, float64(s.InFlight))
 	gauge(c.queued, float64(s.Queued))
 	gauge(c.held, float64(s.Held))

@@ -135,6 +135,8 @@ func TestCollector(t *testing.T) {
 		"uringtier_breaker_trips_total":        dto.MetricType_COUNTER,
 		"uringtier_quarantined_blocks_total":   dto.MetricType_COUNTER,
 		"uringtier_quarantine_failures_total":  dto.MetricType_COUNTER,
+		"uringtier_removed_blocks_total":       dto.MetricType_COUNTER,
+		"uringtier_remove_failures_total":      dto.MetricType_COUNTER,
 		"uringtier_operations_in_flight":       dto.MetricType_GAUGE,
 		"uringtier_requests_queued":            dto.MetricType_GAUGE,
 		"uringtier_buffers_held":               dto.MetricType_GAUGE,
