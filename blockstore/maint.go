@@ -158,13 +158,17 @@ type VerifyStats struct {
 }
 
 // Verify reads every block in namespace ns (every namespace if ns is "")
-// and checks its header, size, key and payload checksum. Each corrupt
+// and checks its header, size, key and payload checksum (a raw block: its
+// size). Each corrupt
 // block is passed to report (which may be nil) after action has been
 // applied to it. An IO error reading a block counts as corruption; any
 // other error stops Verify. Its memory is one buffer as large as the
 // largest payload.
 func (s *Store) Verify(ns string, action VerifyAction, report func(Problem)) (VerifyStats, error) {
 	var stats VerifyStats
+	if err := s.needBlockSize("Verify"); err != nil {
+		return stats, err
+	}
 	var buf []byte
 	grow := func(n int) []byte { buf = make([]byte, n); return buf }
 	err := s.Scan(ns, func(b BlockInfo) error {

@@ -37,6 +37,9 @@ func (s *Store) Put(ns string, key, payload []byte) error {
 	if len(payload) > PayloadSizeMax {
 		return fmt.Errorf("%w: %d bytes, more than %d", ErrPayloadSize, len(payload), PayloadSizeMax)
 	}
+	if err := s.needBlockSize("Put"); err != nil {
+		return err
+	}
 	if s.format == FormatRaw && int64(len(payload)) != s.blockSize {
 		return fmt.Errorf("%w: %d bytes, the raw format's block size is %d", ErrPayloadSize, len(payload), s.blockSize)
 	}
@@ -177,6 +180,9 @@ func (d nsDirs) Forget(dir []byte) {
 func (s *Store) Get(ns string, key, buf []byte) (int, error) {
 	path, err := s.blockPath(ns, key)
 	if err != nil {
+		return 0, err
+	}
+	if err := s.needBlockSize("Get"); err != nil {
 		return 0, err
 	}
 	nsDir := path[:len(s.root)+1+len(ns)]

@@ -183,9 +183,12 @@ func TestProgramRawStore(t *testing.T) {
 func TestStoreRaw(t *testing.T) {
 	const size = 3 * HeaderSize
 	root := t.TempDir()
-	_, err := Open(root, Options{Format: FormatRaw})
-	require.ErrorIs(t, err, ErrInvalidOptions, "a raw store needs a block size")
-	s, err := Open(root, Options{Format: FormatRaw, BlockSize: size, Layout: VLLMLayout{Group: 2}})
+	s, err := Open(root, Options{Format: FormatRaw})
+	require.NoError(t, err)
+	require.ErrorIs(t, s.Put("ns", testKey(6, 32), make([]byte, size)), ErrInvalidOptions, "a raw Put needs the block size")
+	_, err = s.Verify("", VerifyReport, nil)
+	require.ErrorIs(t, err, ErrInvalidOptions, "a raw Verify needs the block size")
+	s, err = Open(root, Options{Format: FormatRaw, BlockSize: size, Layout: VLLMLayout{Group: 2}})
 	require.NoError(t, err)
 	key := testKey(6, 32)
 	payload := testPayload(key, size)

@@ -53,9 +53,11 @@ type Options struct {
 	// Format of block files; FormatFramed by default.
 	Format Format
 	// BlockSize is every block's payload size in bytes, which a raw block
-	// file must have exactly. Required with FormatRaw (Put stores only
-	// blocks of this size, and Get and Verify judge files by it); unused
-	// by the framed format, whose header says each block's size.
+	// file must have exactly. With FormatRaw, Put stores only blocks of
+	// this size and Get and Verify judge files by it, so they need it (0:
+	// unknown, and they fail with ErrInvalidOptions; Scan, Clean, Usage
+	// and Evict do without). Unused by the framed format, whose header
+	// says each block's size.
 	BlockSize int64
 	// QuarantineDir receives corrupt blocks that Verify quarantines;
 	// <root>/~quarantine by default ('~' cannot start a namespace, so it
@@ -112,8 +114,8 @@ func Open(root string, opts Options) (*Store, error) {
 	switch {
 	case opts.Format > FormatRaw:
 		return nil, fmt.Errorf("%w: format %v", ErrInvalidOptions, opts.Format)
-	case opts.Format == FormatRaw && (opts.BlockSize <= 0 || opts.BlockSize > PayloadSizeMax):
-		return nil, fmt.Errorf("%w: BlockSize %d with the raw format (want 1 to %d)", ErrInvalidOptions, opts.BlockSize, PayloadSizeMax)
+	case opts.Format == FormatRaw && (opts.BlockSize < 0 || opts.BlockSize > PayloadSizeMax):
+		return nil, fmt.Errorf("%w: BlockSize %d with the raw format (want 1 to %d, or 0: unknown)", ErrInvalidOptions, opts.BlockSize, PayloadSizeMax)
 	case opts.Format == FormatFramed:
 		opts.BlockSize = 0
 	}
@@ -158,6 +160,15 @@ func (s *Store) Durability() Durability { return s.durability }
 
 // Format returns the store's block format.
 func (s *Store) Format() Format { return s.format }
+
+// needBlockSize fails a call that judges or writes raw blocks when the
+// store does not know their size.
+func (s *Store) needBlockSize(op string) error {
+	if s.format == FormatRaw && s.blockSize == 0 {
+		return fmt.Errorf("%w: %s of raw blocks needs Options.BlockSize", ErrInvalidOptions, op)
+	}
+	return nil
+}
 
 // QuarantineDir returns the absolute directory corrupt blocks are moved
 // into (Verify, and the tier's loads, with CorruptQuarantine).

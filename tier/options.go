@@ -125,11 +125,12 @@ type Options struct {
 	OnCorrupt blockstore.CorruptAction
 	// VLLM, when set, opens one rank's blocks of one KV-cache group in a
 	// directory of vLLM's filesystem offloading tier, the root being
-	// vLLM's root: it sets Namespace (the rank directory), Layout
-	// (blockstore.VLLMLayout) and Format (FormatRaw), which must be left
-	// unset, and when VLLM.Config is known, Open writes the base
-	// directory's config.json unless it is there. Reading never changes
-	// the directory: corrupt blocks stay unless OnCorrupt says otherwise.
+	// vLLM's root: Namespace is the rank directory and Layout
+	// blockstore.VLLMLayout of the group (leave them unset, or set them
+	// to those), Format is FormatRaw, and when VLLM.Config is known, Open
+	// writes the base directory's config.json unless it is there. Reading
+	// never changes the directory: corrupt blocks stay unless OnCorrupt
+	// says otherwise.
 	VLLM *blockstore.VLLM
 	// Engine picks the engine; EngineAuto by default.
 	Engine EngineKind
@@ -218,8 +219,14 @@ func (o *Options) setDefaults() {
 			*v = d
 		}
 	}
-	if o.VLLM != nil && o.Namespace == "" && o.Layout == nil && o.Format == blockstore.FormatFramed {
-		o.Namespace, o.Layout, o.Format = o.VLLM.Namespace(), o.VLLM.Layout(), blockstore.FormatRaw
+	if v := o.VLLM; v != nil {
+		if o.Namespace == "" {
+			o.Namespace = v.Namespace()
+		}
+		if o.Layout == nil {
+			o.Layout = v.Layout()
+		}
+		o.Format = blockstore.FormatRaw
 	}
 	if o.Namespace == "" {
 		o.Namespace = "default"
@@ -296,8 +303,8 @@ func (o *Options) validate() error {
 		return bad("OnCorrupt %d (want default, leave, remove or quarantine)", o.OnCorrupt)
 	}
 	if v := o.VLLM; v != nil {
-		if o.Namespace != v.Namespace() || o.Format != blockstore.FormatRaw || o.Layout != blockstore.Layout(v.Layout()) {
-			return bad("VLLM sets Namespace, Layout and Format: leave them unset")
+		if o.Namespace != v.Namespace() || o.Layout != blockstore.Layout(v.Layout()) {
+			return bad("Namespace %q and Layout %v are not those of VLLM (%q, %v): leave them unset", o.Namespace, o.Layout, v.Namespace(), v.Layout())
 		}
 		if err := v.Validate(); err != nil {
 			return fmt.Errorf("%w: %w", ErrInvalidOptions, err)

@@ -39,8 +39,19 @@ type config struct {
 	set            []string // names of the flags given on the command line
 
 	dir       string
-	namespace string
+	namespace string // with --layout vllm, the rank directory's name once resolveVLLM has run
 	json      bool
+
+	// layout and format
+	layout     string           // fanout or vllm
+	format     string           // framed, raw, or "": the layout's
+	onCorrupt  string           // tier option OnCorrupt
+	model      string           // vllm: the model, whose base directory is under dir
+	rank       int              // vllm: the worker's rank
+	group      int              // vllm: the KV-cache group
+	vllmBase   string           // vllm: the base directory's name
+	vllmConfig string           // vllm: a run config file
+	vllm       *blockstore.VLLM // vllm: the place of the blocks, set by resolveVLLM; nil without a model
 
 	// populate and run
 	blocks    int
@@ -124,6 +135,7 @@ func commonFlags(fs *flag.FlagSet, c *config) {
 	fs.StringVar(&c.dir, "dir", "", "the tier's root directory (run: a fresh temporary directory if empty)")
 	fs.StringVar(&c.namespace, "namespace", "default", "namespace (a directory under --dir)")
 	fs.BoolVar(&c.json, "json", false, "machine output: one JSON object per line")
+	layoutFlags(fs, c)
 }
 
 // perOp is an integer per workload: "8" for every workload, or
@@ -226,10 +238,13 @@ func (c *config) validate() error {
 	if needDir && c.dir == "" {
 		return usagef("--dir is required")
 	}
-	if c.namespace != "" || c.command != "verify" && c.command != "du" {
+	if c.layout != "vllm" && (c.namespace != "" || c.command != "verify" && c.command != "du") {
 		if err := blockstore.ValidateNamespace(c.namespace); err != nil {
 			return usagef("--namespace %q: %v", c.namespace, err)
 		}
+	}
+	if err := c.validateLayout(); err != nil {
+		return err
 	}
 	if c.isWorkload() {
 		if err := c.validateWorkload(); err != nil {

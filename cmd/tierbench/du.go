@@ -31,7 +31,7 @@ func cmdDu(_ context.Context, c *config) error {
 		Namespaces []nsUsage `json:"namespaces"`
 	}{Command: "du", Namespaces: []nsUsage{}}
 	for _, u := range usage {
-		if c.isSet("namespace") && u.Namespace != c.namespace {
+		if (c.isSet("namespace") || c.vllm != nil) && u.Namespace != c.namespace {
 			continue
 		}
 		out.Namespaces = append(out.Namespaces, nsUsage(u))

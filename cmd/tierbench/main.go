@@ -141,7 +141,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	err := cmd.run(ctx, c)
+	err := c.resolveVLLM()
+	if err == nil {
+		err = cmd.run(ctx, c)
+	}
 	var ue *usageError
 	switch {
 	case err == nil:

@@ -97,7 +97,7 @@ func cmdMixed(ctx context.Context, c *config) error {
 	all, err := s.runEngines(func(kind tier.EngineKind) ([]*result, error) { return s.runMixed(ctx, kind) })
 	// The blocks stored are there also when a later engine failed.
 	if s.stored > 0 {
-		if werr := writeManifest(c.dir, c.namespace, s.m); err == nil {
+		if werr := writeManifest(c.dir, c.dataSet(), s.m); err == nil {
 			err = werr
 		}
 	}

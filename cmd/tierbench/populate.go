@@ -20,6 +20,7 @@ func populateFlags(fs *flag.FlagSet, c *config) {
 	c.depth = perOp{all: defaultDepth, allSet: true}
 	fs.Var(&c.depth, "depth", "batches in flight")
 	fs.StringVar(&c.engine, "engine", "auto", "engine that writes: auto, uring or sync")
+	onCorruptFlag(fs, c)
 }
 
 // cmdPopulate writes the data set into --dir.
@@ -51,7 +52,7 @@ func cmdPopulate(ctx context.Context, c *config) error {
 func (s *session) populate(ctx context.Context) (*result, error) {
 	c := s.c
 	want := manifest{Seed: c.seed, BlockSize: int(c.blockSize)}
-	old, err := readManifest(s.backing, c.namespace)
+	old, err := readManifest(s.backing, c.dataSet())
 	switch {
 	case errors.Is(err, errNoManifest):
 	case err != nil:
@@ -83,7 +84,7 @@ func (s *session) populate(ctx context.Context) (*result, error) {
 		return r, err
 	}
 	s.setManifest(manifest{Seed: want.Seed, BlockSize: want.BlockSize, Blocks: max(s.stored, old.Blocks)})
-	if err := writeManifest(s.backing, c.namespace, s.m); err != nil {
+	if err := writeManifest(s.backing, c.dataSet(), s.m); err != nil {
 		return r, err
 	}
 	if ctx.Err() != nil {

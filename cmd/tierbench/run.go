@@ -11,7 +11,7 @@ func cmdRun(ctx context.Context, c *config) (err error) {
 	s := newSession(c, c.dir)
 	if s.child() {
 		// One of --jobs: the parent has populated --dir.
-		m, err := readManifest(c.dir, c.namespace)
+		m, err := readManifest(c.dir, c.dataSet())
 		if err != nil {
 			return err
 		}

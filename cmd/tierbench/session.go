@@ -10,6 +10,7 @@ import (
 
 	"github.com/dustin/go-humanize"
 
+	"github.com/uringtier/uringtier/blockstore"
 	"github.com/uringtier/uringtier/internal/faultfs"
 	"github.com/uringtier/uringtier/tier"
 	"github.com/uringtier/uringtier/uring"
@@ -116,6 +117,8 @@ func (s *session) intervalEvery() time.Duration {
 // buffers, filled with pseudo-random bytes for stores.
 func (s *session) openTier(kind tier.EngineKind, depth, batch, bufs int) (*tier.Tier, error) {
 	c := s.c
+	format, _ := c.blockFormat()                               // validated
+	onCorrupt, _ := blockstore.ParseCorruptAction(c.onCorrupt) // validated
 	tr, err := tier.Open(s.root, tier.Options{
 		BlockSize:        s.m.BlockSize,
 		Namespace:        c.namespace,
@@ -134,6 +137,9 @@ func (s *session) openTier(kind tier.EngineKind, depth, batch, bufs int) (*tier.
 		BreakerThreshold: c.breakerThreshold,
 		LookupTimeout:    c.lookupTimeout,
 		IOTimeout:        c.ioTimeout,
+		Format:           format,
+		OnCorrupt:        onCorrupt,
+		VLLM:             c.vllm,
 	})
 	if err != nil {
 		return nil, err

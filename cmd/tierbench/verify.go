@@ -12,6 +12,7 @@ import (
 
 func verifyFlags(fs *flag.FlagSet, c *config) {
 	fs.BoolVar(&c.repair, "repair", false, "remove corrupt blocks (a cache can lose them; the next store rewrites them)")
+	fs.Var(&c.blockSize, "block-size", "raw blocks: the size every block file must have (default: the data set's, as populate recorded it)")
 }
 
 // cmdVerify checksums every block; with --repair it removes the corrupt ones.
@@ -19,6 +20,11 @@ func cmdVerify(_ context.Context, c *config) error {
 	s, err := openStore(c)
 	if err != nil {
 		return err
+	}
+	if format, _ := c.blockFormat(); format == blockstore.FormatRaw && !c.isSet("block-size") {
+		if _, err := readManifest(c.dir, c.dataSet()); c.namespace == "" || err != nil {
+			return usagef("--block-size is needed to verify raw blocks (no data set of populate says it)")
+		}
 	}
 	action := blockstore.VerifyReport
 	if c.repair {

@@ -53,6 +53,7 @@ func workloadFlags(withData bool) func(*flag.FlagSet, *config) {
 		fs.IntVar(&c.breakerThreshold, "breaker-threshold", 0, "tier option BreakerThreshold: stuck operations that open the breaker (0: 64)")
 		fs.DurationVar(&c.lookupTimeout, "lookup-timeout", 0, "tier option LookupTimeout (0: 5s)")
 		fs.DurationVar(&c.ioTimeout, "io-timeout", 0, "tier option IOTimeout for loads and stores (0: 30s)")
+		onCorruptFlag(fs, c)
 
 		fs.DurationVar(&c.interval, "interval", 0, "print a line every interval (keys/s, bytes/s, p50, p99, in flight); with --json, an object")
 		fs.StringVar(&c.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics during the run (e.g. :9090; with --jobs, job j on port+j)")
@@ -81,7 +82,7 @@ func cmdWorkload(name string) func(context.Context, *config) error {
 			return err
 		}
 		if name == "store" && !s.child() {
-			if err := writeManifest(c.dir, c.namespace, s.m); err != nil {
+			if err := writeManifest(c.dir, c.dataSet(), s.m); err != nil {
 				return err
 			}
 		}
@@ -92,7 +93,7 @@ func cmdWorkload(name string) func(context.Context, *config) error {
 // populatedSession returns a session on --dir's data set, as populate
 // recorded it.
 func populatedSession(c *config) (*session, error) {
-	m, err := readManifest(c.dir, c.namespace)
+	m, err := readManifest(c.dir, c.dataSet())
 	if err != nil {
 		return nil, err
 	}

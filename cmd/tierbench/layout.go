@@ -1,0 +1,163 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io/fs"
+	"strconv"
+	"strings"
+
+	"github.com/uringtier/uringtier/blockstore"
+)
+
+// --layout vllm: one rank's blocks of one KV-cache group in a directory of
+// vLLM's filesystem offloading tier, raw, whose base directory is found
+// under --dir by --model (or named by --vllm-base, or derived from a run
+// config, --vllm-config).
+
+func layoutFlags(fs *flag.FlagSet, c *config) {
+	fs.StringVar(&c.layout, "layout", "fanout", "block layout: fanout (<ns>/<aa>/<bb>/<hex>.blk) or vllm (vLLM's filesystem tier: <model>_<12 hex>_r<rank>/<hex[0:3]>/<hex[3:5]>_g<group>/<hex>.bin)")
+	fs.StringVar(&c.format, "format", "", "block file format: framed (a header with checksums) or raw (the payload alone, valid at exactly the block size); default: raw with --layout vllm, else framed")
+	fs.StringVar(&c.model, "model", "", "--layout vllm: the model's name as vLLM has it (org/name); its base directory <model with / → _>_<12 hex> is found under --dir")
+	fs.IntVar(&c.rank, "rank", 0, "--layout vllm: the worker's rank, whose blocks are under <base>_r<rank>")
+	fs.IntVar(&c.group, "group", 0, "--layout vllm: the KV-cache group")
+	fs.StringVar(&c.vllmBase, "vllm-base", "", "--layout vllm: the base directory's name (<model>_<12 hex>), when --dir holds several for the model")
+	fs.StringVar(&c.vllmConfig, "vllm-config", "", "--layout vllm: a run config as vLLM writes config.json; it names the base directory, and populate writes it there")
+}
+
+// onCorruptFlag registers --on-corrupt, for the commands that open a tier.
+func onCorruptFlag(fs *flag.FlagSet, c *config) {
+	fs.StringVar(&c.onCorrupt, "on-corrupt", "default", "tier option OnCorrupt, what a load does with a corrupt block: default (quarantine a framed one, leave a raw one), leave, remove or quarantine")
+}
+
+// vllmFlags are the flags that only --layout vllm takes.
+var vllmFlags = []string{"model", "rank", "group", "vllm-base", "vllm-config"}
+
+// validateLayout checks the layout flags' combinations.
+func (c *config) validateLayout() error {
+	if _, err := c.blockFormat(); err != nil {
+		return usagef("--format %q: want framed or raw", c.format)
+	}
+	if _, err := blockstore.ParseCorruptAction(c.onCorrupt); err != nil {
+		return usagef("--on-corrupt %q: want default, leave, remove or quarantine", c.onCorrupt)
+	}
+	switch c.layout {
+	case "fanout":
+		for _, name := range vllmFlags {
+			if c.isSet(name) {
+				return usagef("--%s is for --layout vllm", name)
+			}
+		}
+		return nil
+	case "vllm":
+	default:
+		return usagef("--layout %q: want fanout or vllm", c.layout)
+	}
+	switch {
+	case c.isSet("namespace"):
+		return usagef("--namespace with --layout vllm: the rank directory is the namespace (--model, --rank)")
+	case c.format == "framed":
+		return usagef("--format framed with --layout vllm: vLLM's blocks are raw")
+	case c.rank < 0 || c.group < 0:
+		return usagef("--rank %d, --group %d: want 0 or more", c.rank, c.group)
+	case c.model == "" && c.vllmBase == "" && c.vllmConfig == "" && c.needsNamespace():
+		return usagef("--layout vllm needs --model (or --vllm-base or --vllm-config)")
+	}
+	return nil
+}
+
+// needsNamespace reports whether the command works in one namespace: all
+// but the maintenance of the whole directory (verify and du without one
+// cover every namespace; clean and evict always do).
+func (c *config) needsNamespace() bool {
+	switch c.command {
+	case "verify", "du", "clean", "evict", "report":
+		return false
+	}
+	return true
+}
+
+// blockFormat is the format --format (or the layout) asks for.
+func (c *config) blockFormat() (blockstore.Format, error) {
+	if c.format == "" && c.layout == "vllm" {
+		return blockstore.FormatRaw, nil
+	}
+	return blockstore.ParseFormat(c.format)
+}
+
+// blockLayout is the layout of --layout.
+func (c *config) blockLayout() blockstore.Layout {
+	if c.layout == "vllm" {
+		return blockstore.VLLMLayout{Group: c.group}
+	}
+	return blockstore.FanoutLayout{}
+}
+
+// resolveVLLM finds the vLLM base directory --layout vllm names, makes
+// c.vllm the place of --rank's blocks of --group and c.namespace its rank
+// directory. A command that populates a directory without one derives it
+// from --vllm-config, or from a run config of --model with vLLM's defaults
+// (defaultVLLMRunConfig).
+func (c *config) resolveVLLM() error {
+	if c.layout != "vllm" {
+		return nil
+	}
+	var v blockstore.VLLM
+	switch {
+	case c.vllmConfig != "":
+		rc, err := blockstore.ReadVLLMRunConfig(c.vllmConfig)
+		if err != nil {
+			return err
+		}
+		if c.model != "" && rc.ModelName != c.model {
+			return usagef("--model %q, but --vllm-config is of %q", c.model, rc.ModelName)
+		}
+		v = blockstore.NewVLLM(rc, c.rank, c.group, false)
+		if c.vllmBase != "" && c.vllmBase != v.Base {
+			return usagef("--vllm-base %q, but --vllm-config names %q", c.vllmBase, v.Base)
+		}
+	case c.vllmBase != "":
+		if c.model != "" && !strings.HasPrefix(c.vllmBase, strings.ReplaceAll(c.model, "/", "_")+"_") {
+			return usagef("--vllm-base %q is not of --model %q", c.vllmBase, c.model)
+		}
+		v = blockstore.VLLM{Base: c.vllmBase, Rank: c.rank, Group: c.group}
+	case c.model != "":
+		base, err := blockstore.FindVLLMBase(c.dir, c.model)
+		switch {
+		case err == nil:
+			v = blockstore.VLLM{Base: base, Rank: c.rank, Group: c.group}
+		case errors.Is(err, fs.ErrNotExist) && (c.command == "populate" || c.command == "run"):
+			v = blockstore.NewVLLM(defaultVLLMRunConfig(c.model), c.rank, c.group, false)
+		case errors.Is(err, blockstore.ErrInvalidOptions):
+			return usagef("%v: name one with --vllm-base", err)
+		default:
+			return fmt.Errorf("--layout vllm: %w", err)
+		}
+	default:
+		c.namespace = "" // every namespace of the directory
+		return nil
+	}
+	if err := v.Validate(); err != nil {
+		return usagef("--layout vllm: %v", err)
+	}
+	c.vllm, c.namespace = &v, v.Namespace()
+	return nil
+}
+
+// defaultVLLMRunConfig is the run config populate gives a new vLLM
+// directory of model when no --vllm-config says otherwise: vLLM's default
+// block size and cache dtype, one GPU block per file, no parallelism.
+func defaultVLLMRunConfig(model string) blockstore.VLLMRunConfig {
+	return blockstore.VLLMRunConfig{ModelName: model, HashBlockSize: 16, GPUBlocksPerFile: 1,
+		TPSize: 1, PPSize: 1, PCPSize: 1, DCPSize: 1, DType: "auto", InferenceEngine: "vllm"}
+}
+
+// dataSet names the data set's manifest: the namespace, and with --layout
+// vllm the group too, since one rank directory holds every group's blocks.
+func (c *config) dataSet() string {
+	if c.vllm != nil {
+		return c.namespace + "_g" + strconv.Itoa(c.group)
+	}
+	return c.namespace
+}
