@@ -101,7 +101,6 @@ func TestVLLMConfigFlag(t *testing.T) {
 	out := mustRun(t, append(append([]string{}, tiny...), "--layout", "vllm", "--model", "org/m")...)
 	assert.Regexp(t, `(?m)^\s*sync\s+load\s+8\s+96\s`, out)
 
-
 	dir := t.TempDir()
 	rc := blockstore.VLLMRunConfig{ModelName: "org/m", HashBlockSize: 32, GPUBlocksPerFile: 2, TPSize: 4, PPSize: 1, PCPSize: 1, DCPSize: 1,
 		DType: "float16", KVCacheGroups: []blockstore.VLLMKVCacheGroup{{BlockSize: 32, LayerNames: []string{"l0"}}}, InferenceEngine: "vllm"}
