@@ -407,6 +407,57 @@ func FindVLLMBase(root, model string) (string, error) {
 	return "", fmt.Errorf("%w: %d vLLM base directories for model %q under %s: %s", ErrInvalidOptions, len(names), model, root, strings.Join(names, ", "))
 }
 
+// VLLMSpec is how a caller names a vLLM place: by a run config file, by
+// the base directory's name, or by the model, whose one base directory
+// is found under the root (in that order of precedence; fields after the
+// one used must agree with it).
+type VLLMSpec struct {
+	ConfigPath string // a run config, as vLLM writes config.json
+	Base       string // the base directory's name, "<model>_<12 hex>"
+	Model      string // the model's name as vLLM has it
+	Rank       int    // the worker's rank
+	Group      int    // the KV-cache group
+}
+
+// ResolveVLLM returns the place s names under root. A model without a
+// base directory is an error wrapping fs.ErrNotExist (only a run config
+// can make a new one); inconsistent or ambiguous names wrap
+// ErrInvalidOptions.
+func ResolveVLLM(root string, s VLLMSpec) (VLLM, error) {
+	var v VLLM
+	if s.Rank < 0 || s.Group < 0 {
+		return v, fmt.Errorf("%w: vLLM rank %d, group %d (want 0 or more)", ErrInvalidOptions, s.Rank, s.Group)
+	}
+	switch {
+	case s.ConfigPath != "":
+		c, err := ReadVLLMRunConfig(s.ConfigPath)
+		if err != nil {
+			return v, err
+		}
+		if s.Model != "" && c.ModelName != s.Model {
+			return v, fmt.Errorf("%w: model %q, but the run config %s is of %q", ErrInvalidOptions, s.Model, s.ConfigPath, c.ModelName)
+		}
+		v = NewVLLM(c, s.Rank, s.Group, false)
+		if s.Base != "" && s.Base != v.Base {
+			return v, fmt.Errorf("%w: base directory %q, but the run config %s names %q", ErrInvalidOptions, s.Base, s.ConfigPath, v.Base)
+		}
+	case s.Base != "":
+		if s.Model != "" && !strings.HasPrefix(s.Base, strings.ReplaceAll(s.Model, "/", "_")+"_") {
+			return v, fmt.Errorf("%w: base directory %q is not of model %q", ErrInvalidOptions, s.Base, s.Model)
+		}
+		v = VLLM{Base: s.Base, Rank: s.Rank, Group: s.Group}
+	case s.Model != "":
+		base, err := FindVLLMBase(root, s.Model)
+		if err != nil {
+			return v, err
+		}
+		v = VLLM{Base: base, Rank: s.Rank, Group: s.Group}
+	default:
+		return v, fmt.Errorf("%w: a vLLM directory needs a model, a base directory or a run config", ErrInvalidOptions)
+	}
+	return v, v.Validate()
+}
+
 func isLowerHex(s string) bool {
 	for i := range len(s) {
 		if unhex(s[i]) < 0 {

@@ -233,7 +233,7 @@ func utgo_stats(h C.ut_tier, buf *C.char, capacity C.size_t) C.int {
 		return fail(err)
 	}
 	defer c.mu.RUnlock()
-	return copyOut(statsJSON(c.t.Stats()), buf, capacity)
+	return copyOut(statsJSON(c.t.Namespace(), c.t.Stats()), buf, capacity)
 }
 
 //export utgo_engine

@@ -79,5 +79,9 @@ func _() {
 	_ = x[int(unsafe.Sizeof(C.ut_result{}))-32]
 }
 
-// utEOptions is UT_EOPTIONS for the tests, which cannot use cgo.
-const utEOptions = int(C.UT_EOPTIONS)
+// utEOptions and utEIO are UT_EOPTIONS and UT_EIO for the tests, which
+// cannot use cgo.
+const (
+	utEOptions = int(C.UT_EOPTIONS)
+	utEIO      = int(C.UT_EIO)
+)

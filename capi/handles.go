@@ -44,7 +44,11 @@ var (
 
 // open opens a tier and registers it under a new handle.
 func open(dir, options string) (C.ut_tier, error) {
-	opts, err := parseOptions(options)
+	o, err := parseOptions(options)
+	if err != nil {
+		return 0, err
+	}
+	opts, err := o.tierOptions(dir)
 	if err != nil {
 		return 0, err
 	}

@@ -42,6 +42,7 @@ type opStats struct {
 
 // stats is tier.Stats as ut_stats's JSON, with names instead of indices.
 type stats struct {
+	Namespace    string             `json:"namespace"` // the directory under the root holding the blocks (layout=vllm: the rank directory)
 	Engine       engineInfo         `json:"engine"`
 	Ops          map[string]opStats `json:"ops"` // "lookup", "load", "store"
 	Busy         uint64             `json:"busy"`
@@ -54,10 +55,17 @@ type stats struct {
 	Held         int                `json:"held"`
 	BreakerOpen  bool               `json:"breaker_open"`
 	BreakerTrips uint64             `json:"breaker_trips"`
+	// Corrupt block files that loads moved into the quarantine, or removed
+	// (on_corrupt), and those they could not.
+	Quarantined      uint64 `json:"quarantined"`
+	QuarantineFailed uint64 `json:"quarantine_failed"`
+	Removed          uint64 `json:"removed"`
+	RemoveFailed     uint64 `json:"remove_failed"`
 }
 
-func statsJSON(s tier.Stats) []byte {
+func statsJSON(ns string, s tier.Stats) []byte {
 	out := stats{
+		Namespace: ns, Quarantined: s.Quarantined, QuarantineFailed: s.QuarantineFailed, Removed: s.Removed, RemoveFailed: s.RemoveFailed,
 		Engine: newEngineInfo(s.Engine), Ops: make(map[string]opStats),
 		Busy: s.Busy, CacheHits: s.CacheHits, Shared: s.Shared, InFlight: s.InFlight, Queued: s.Queued,
 		Stuck: s.Stuck, Late: s.Late, Held: s.Held, BreakerOpen: s.BreakerOpen, BreakerTrips: s.BreakerTrips,

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -10,23 +11,55 @@ import (
 	"github.com/uringtier/uringtier/tier"
 )
 
+// openOptions are ut_open's options: the tier's, and which vLLM directory
+// layout=vllm names, which open resolves under the tier's directory.
+type openOptions struct {
+	tier.Options
+	layout string              // "fanout" or "vllm"
+	vllm   blockstore.VLLMSpec // layout=vllm: model, rank, group, vllm_base, vllm_config
+}
+
 // optionSetters are ut_open's options (documented in uringtier.h), each
-// parsing its value into tier.Options. The tier validates the result.
-var optionSetters = map[string]func(o *tier.Options, v string) error{
-	"block_size": intOption(func(o *tier.Options) *int { return &o.BlockSize }),
-	"namespace":  func(o *tier.Options, v string) error { o.Namespace = v; return nil },
-	"engine": func(o *tier.Options, v string) (err error) {
+// parsing its value into openOptions. The tier validates the result.
+var optionSetters = map[string]func(o *openOptions, v string) error{
+	"block_size": intOption(func(o *openOptions) *int { return &o.BlockSize }),
+	"namespace":  func(o *openOptions, v string) error { o.Namespace = v; return nil },
+	"format": func(o *openOptions, v string) (err error) {
+		if o.Format, err = blockstore.ParseFormat(v); err != nil {
+			return fmt.Errorf("want framed or raw")
+		}
+		return nil
+	},
+	"on_corrupt": func(o *openOptions, v string) (err error) {
+		if o.OnCorrupt, err = blockstore.ParseCorruptAction(v); err != nil {
+			return fmt.Errorf("want default, leave, remove or quarantine")
+		}
+		return nil
+	},
+	"layout": func(o *openOptions, v string) error {
+		if v != "fanout" && v != "vllm" {
+			return fmt.Errorf("want fanout or vllm")
+		}
+		o.layout = v
+		return nil
+	},
+	"model":       func(o *openOptions, v string) error { o.vllm.Model = v; return nil },
+	"vllm_base":   func(o *openOptions, v string) error { o.vllm.Base = v; return nil },
+	"vllm_config": func(o *openOptions, v string) error { o.vllm.ConfigPath = v; return nil },
+	"rank":        intOption(func(o *openOptions) *int { return &o.vllm.Rank }),
+	"group":       intOption(func(o *openOptions) *int { return &o.vllm.Group }),
+	"engine": func(o *openOptions, v string) (err error) {
 		if o.Engine, err = tier.ParseEngine(v); err != nil {
 			return fmt.Errorf("want auto, uring or sync")
 		}
 		return nil
 	},
-	"depth":          intOption(func(o *tier.Options) *int { return &o.Depth }),
-	"batch_max":      intOption(func(o *tier.Options) *int { return &o.BatchMax }),
-	"lookup_timeout": durationOption(func(o *tier.Options) *time.Duration { return &o.LookupTimeout }),
-	"io_timeout":     durationOption(func(o *tier.Options) *time.Duration { return &o.IOTimeout }),
-	"cache_ttl": func(o *tier.Options, v string) error {
-		if err := durationOption(func(o *tier.Options) *time.Duration { return &o.LookupCacheTTL })(o, v); err != nil {
+	"depth":          intOption(func(o *openOptions) *int { return &o.Depth }),
+	"batch_max":      intOption(func(o *openOptions) *int { return &o.BatchMax }),
+	"lookup_timeout": durationOption(func(o *openOptions) *time.Duration { return &o.LookupTimeout }),
+	"io_timeout":     durationOption(func(o *openOptions) *time.Duration { return &o.IOTimeout }),
+	"cache_ttl": func(o *openOptions, v string) error {
+		if err := durationOption(func(o *openOptions) *time.Duration { return &o.LookupCacheTTL })(o, v); err != nil {
 			return err
 		}
 		if o.LookupCacheTTL == 0 {
@@ -34,13 +67,13 @@ var optionSetters = map[string]func(o *tier.Options, v string) error{
 		}
 		return nil
 	},
-	"cache_size":        intOption(func(o *tier.Options) *int { return &o.LookupCacheSize }),
-	"rings":             intOption(func(o *tier.Options) *int { return &o.Rings }),
-	"ops_max":           intOption(func(o *tier.Options) *int { return &o.OpsMax }),
-	"workers_max":       intOption(func(o *tier.Options) *int { return &o.WorkersMax }),
-	"sync_workers":      intOption(func(o *tier.Options) *int { return &o.SyncWorkers }),
-	"breaker_threshold": intOption(func(o *tier.Options) *int { return &o.BreakerThreshold }),
-	"durability": func(o *tier.Options, v string) error {
+	"cache_size":        intOption(func(o *openOptions) *int { return &o.LookupCacheSize }),
+	"rings":             intOption(func(o *openOptions) *int { return &o.Rings }),
+	"ops_max":           intOption(func(o *openOptions) *int { return &o.OpsMax }),
+	"workers_max":       intOption(func(o *openOptions) *int { return &o.WorkersMax }),
+	"sync_workers":      intOption(func(o *openOptions) *int { return &o.SyncWorkers }),
+	"breaker_threshold": intOption(func(o *openOptions) *int { return &o.BreakerThreshold }),
+	"durability": func(o *openOptions, v string) error {
 		for d := blockstore.DurabilityNone; d <= blockstore.DurabilityFull; d++ {
 			if v == d.String() {
 				o.Durability = d
@@ -49,7 +82,7 @@ var optionSetters = map[string]func(o *tier.Options, v string) error{
 		}
 		return fmt.Errorf("want none, data or full")
 	},
-	"lookup_op": func(o *tier.Options, v string) error {
+	"lookup_op": func(o *openOptions, v string) error {
 		for l := tier.LookupOpenPath; l <= tier.LookupMixed; l++ {
 			if v == l.String() {
 				o.Lookup = l
@@ -58,15 +91,15 @@ var optionSetters = map[string]func(o *tier.Options, v string) error{
 		}
 		return fmt.Errorf("want openpath, statx or mixed")
 	},
-	"direct": func(o *tier.Options, v string) error {
+	"direct": func(o *openOptions, v string) error {
 		b, err := strconv.ParseBool(v)
 		o.NoDirect = !b
 		return err
 	},
 }
 
-func intOption(field func(*tier.Options) *int) func(*tier.Options, string) error {
-	return func(o *tier.Options, v string) error {
+func intOption(field func(*openOptions) *int) func(*openOptions, string) error {
+	return func(o *openOptions, v string) error {
 		n, err := strconv.Atoi(v)
 		if err != nil {
 			return fmt.Errorf("not an integer")
@@ -76,8 +109,8 @@ func intOption(field func(*tier.Options) *int) func(*tier.Options, string) error
 	}
 }
 
-func durationOption(field func(*tier.Options) *time.Duration) func(*tier.Options, string) error {
-	return func(o *tier.Options, v string) error {
+func durationOption(field func(*openOptions) *time.Duration) func(*openOptions, string) error {
+	return func(o *openOptions, v string) error {
 		d, err := time.ParseDuration(v)
 		if err != nil {
 			return fmt.Errorf("not a duration with a unit (250ms, 5s)")
@@ -88,9 +121,11 @@ func durationOption(field func(*tier.Options) *time.Duration) func(*tier.Options
 }
 
 // parseOptions parses ut_open's option string: key=value pairs separated
-// by spaces or commas. block_size is required; a key may appear once.
-func parseOptions(s string) (tier.Options, error) {
-	var o tier.Options
+// by spaces or commas. block_size is required; a key may appear once;
+// model, rank, group, vllm_base and vllm_config go with layout=vllm, which
+// takes no namespace.
+func parseOptions(s string) (openOptions, error) {
+	o := openOptions{layout: "fanout"}
 	seen := make(map[string]bool)
 	sep := func(r rune) bool { return r == ' ' || r == ',' || r == '\t' || r == '\n' }
 	for _, kv := range strings.FieldsFunc(s, sep) {
@@ -112,5 +147,36 @@ func parseOptions(s string) (tier.Options, error) {
 	if !seen["block_size"] {
 		return o, fmt.Errorf("%w: block_size is required", tier.ErrInvalidOptions)
 	}
+	if o.layout == "vllm" {
+		switch {
+		case seen["namespace"]:
+			return o, fmt.Errorf("%w: namespace with layout=vllm: the rank directory is the namespace (model, rank)", tier.ErrInvalidOptions)
+		case seen["format"] && o.Format != blockstore.FormatRaw:
+			return o, fmt.Errorf("%w: format=%v with layout=vllm: vLLM's blocks are raw", tier.ErrInvalidOptions, o.Format)
+		}
+		return o, nil
+	}
+	for _, k := range []string{"model", "rank", "group", "vllm_base", "vllm_config"} {
+		if seen[k] {
+			return o, fmt.Errorf("%w: %s is for layout=vllm", tier.ErrInvalidOptions, k)
+		}
+	}
 	return o, nil
+}
+
+// tierOptions resolves o's vLLM directory under dir, if it names one, and
+// returns the tier's options.
+func (o openOptions) tierOptions(dir string) (tier.Options, error) {
+	if o.layout != "vllm" {
+		return o.Options, nil
+	}
+	v, err := blockstore.ResolveVLLM(dir, o.vllm)
+	if errors.Is(err, blockstore.ErrInvalidOptions) {
+		return o.Options, fmt.Errorf("%w: %w", tier.ErrInvalidOptions, err)
+	}
+	if err != nil {
+		return o.Options, err
+	}
+	o.VLLM = &v
+	return o.Options, nil
 }

@@ -22,7 +22,7 @@ func TestParseOptions(t *testing.T) {
 		LookupTimeout: 250 * time.Millisecond, IOTimeout: 2 * time.Second, LookupCacheTTL: 1500 * time.Millisecond,
 		LookupCacheSize: 10, Durability: blockstore.DurabilityFull, Rings: 2, OpsMax: 64, WorkersMax: 4,
 		SyncWorkers: 3, BreakerThreshold: 7, Lookup: tier.LookupOpenPath, NoDirect: true,
-	}, got)
+	}, got.Options)
 	got, err = parseOptions("block_size=4096 cache_ttl=0")
 	require.NoError(t, err)
 	require.Negative(t, got.LookupCacheTTL, "cache_ttl=0 turns the cache off")
@@ -73,4 +73,55 @@ func TestExists(t *testing.T) {
 		_, err := exists([]byte(tc.paths), tc.n, time.Second, make([]byte, tc.n))
 		require.ErrorIs(t, err, errArg, "%q n=%d", tc.paths, tc.n)
 	}
+}
+
+func TestParseLayoutOptions(t *testing.T) {
+	got, err := parseOptions("block_size=4096 layout=vllm model=org/m-7B rank=3 group=1 vllm_base=org_m-7B_0123456789ab on_corrupt=remove format=raw")
+	require.NoError(t, err)
+	require.Equal(t, "vllm", got.layout)
+	require.Equal(t, blockstore.VLLMSpec{Model: "org/m-7B", Base: "org_m-7B_0123456789ab", Rank: 3, Group: 1}, got.vllm)
+	require.Equal(t, blockstore.CorruptRemove, got.OnCorrupt)
+	opts, err := got.tierOptions(t.TempDir())
+	require.NoError(t, err)
+	require.NotNil(t, opts.VLLM)
+	require.Equal(t, "org_m-7B_0123456789ab_r3", opts.VLLM.Namespace())
+	require.Equal(t, 1, opts.VLLM.Group)
+
+	got, err = parseOptions("block_size=4096 format=raw on_corrupt=quarantine")
+	require.NoError(t, err)
+	require.Equal(t, blockstore.FormatRaw, got.Format)
+	require.Equal(t, blockstore.CorruptQuarantine, got.OnCorrupt)
+	opts, err = got.tierOptions(t.TempDir())
+	require.NoError(t, err)
+	require.Nil(t, opts.VLLM)
+
+	for _, tc := range []struct{ options, message string }{
+		{"block_size=4096 format=zip", "want framed or raw"},
+		{"block_size=4096 on_corrupt=burn", "want default, leave, remove or quarantine"},
+		{"block_size=4096 layout=flat", "want fanout or vllm"},
+		{"block_size=4096 model=org/m", "model is for layout=vllm"},
+		{"block_size=4096 rank=1", "rank is for layout=vllm"},
+		{"block_size=4096 layout=vllm model=m namespace=x", "namespace with layout=vllm"},
+		{"block_size=4096 layout=vllm model=m format=framed", "vLLM's blocks are raw"},
+		{"block_size=4096 layout=vllm rank=x", `rank="x": not an integer`},
+	} {
+		t.Run(tc.options, func(t *testing.T) {
+			_, err := parseOptions(tc.options)
+			require.ErrorIs(t, err, tier.ErrInvalidOptions)
+			require.ErrorContains(t, err, tc.message)
+		})
+	}
+	// Resolving under the directory: no base directory for the model is an
+	// IO error, two of them bad options.
+	dir := t.TempDir()
+	o, err := parseOptions("block_size=4096 layout=vllm model=org/m")
+	require.NoError(t, err)
+	_, err = o.tierOptions(dir)
+	require.Equal(t, utEIO, int(code(err)), "%v", err)
+	for _, d := range []string{"org_m_0123456789ab_r0", "org_m_ba9876543210"} {
+		require.NoError(t, os.Mkdir(filepath.Join(dir, d), 0o755))
+	}
+	_, err = o.tierOptions(dir)
+	require.Equal(t, utEOptions, int(code(err)), "%v", err)
+	require.ErrorContains(t, err, "2 vLLM base directories")
 }

@@ -103,11 +103,11 @@ enum ut_op {
 enum ut_status {
 	UT_PENDING = 0,   /* no outcome yet (never seen in a result) */
 	UT_FOUND = 1,     /* lookup: the block exists */
-	UT_LOADED = 2,    /* load: the payload is in the caller's buffer, checksum verified */
+	UT_LOADED = 2,    /* load: the payload is in the caller's buffer, verified (checksums; raw: its size) */
 	UT_STORED = 3,    /* store: the block was published */
 	UT_PRESENT = 4,   /* store: the block was already there; nothing written */
 	UT_MISSING = 5,   /* lookup or load: no such block (ut_exists: no such path) */
-	UT_CORRUPT = 6,   /* load: the file failed verification (it was quarantined) */
+	UT_CORRUPT = 6,   /* load: the file failed verification (quarantined, removed or left: on_corrupt) */
 	UT_TIMEDOUT = 7,  /* the deadline passed, or the circuit breaker is open */
 	UT_FAILED = 8,    /* an IO error */
 	UT_CANCELED = 9,  /* ut_cancel or ut_close ended it first */
@@ -161,6 +161,30 @@ const char *ut_last_error(void);
  *   breaker_threshold=N   stuck operations that open the circuit breaker [64]
  *   lookup_op=openpath|statx|mixed  the io_uring lookup operation [openpath]
  *   direct=true|false     O_DIRECT loads where the filesystem allows [true]
+ *   format=framed|raw     block files: a header naming the key with checksums, or the
+ *                         payload alone, valid when exactly block_size bytes; a raw store
+ *                         skips a block already there (UT_PRESENT) [framed]
+ *   on_corrupt=default|leave|remove|quarantine  what a load does with a corrupt block file
+ *                         [default: quarantine a framed one, leave a raw one]
+ *   layout=fanout|vllm    <dir>/<namespace>/<aa>/<bb>/<hex>.blk, or a directory of vLLM's
+ *                         filesystem offloading tier (below) [fanout]
+ *
+ * With layout=vllm, dir is vLLM's root, blocks are raw, and the tier holds one
+ * worker's blocks of one KV-cache group: <dir>/<base>_r<rank>/<hex[0:3]>/<hex[3:5]>_g<group>/<hex>.bin,
+ * where base is <model, '/' replaced by '_'>_<12 hex digits of the run config's SHA-256>.
+ * Keys are vLLM's block hashes. Name the base directory by one of:
+ *
+ *   model=NAME            the model as vLLM has it (org/name): its one base directory in dir
+ *   vllm_base=NAME        the base directory's name, when dir holds several for the model
+ *   vllm_config=PATH      a run config as vLLM writes config.json: it names the base
+ *                         directory, and ut_open writes <base>/config.json if it is absent
+ *   rank=N                the worker's rank [0]
+ *   group=N               the KV-cache group [0]
+ *
+ * namespace is then the rank directory, and not an option. Reading such a
+ * directory never changes it (on_corrupt=remove deletes corrupt blocks, as
+ * vLLM does after a failed load); stores write <path>_<digits>.tmp and rename
+ * it, as vLLM does, so vLLM and the tier can write the directory at once.
  *
  * D is a duration with a unit: "250ms", "5s", "1.5s", "100us".
  * Returns UT_OK, UT_EOPTIONS or UT_EIO (ut_last_error says why).
@@ -242,7 +266,9 @@ int ut_free(ut_tier t);
 
 /* ut_stats writes the tier's counters as a JSON object (NUL-terminated,
  * truncated to cap) into buf and returns its full length without the NUL,
- * as snprintf does: a result >= cap means call again with more room. */
+ * as snprintf does: a result >= cap means call again with more room. Its
+ * "namespace" is the directory under the root holding the blocks (with
+ * layout=vllm, the rank directory ut_open found). */
 int ut_stats(ut_tier t, char *buf, size_t cap);
 
 /* ut_engine writes which engine the tier runs, as JSON ({"kind": "uring",

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"strconv"
-	"strings"
 
 	"github.com/uringtier/uringtier/blockstore"
 )
@@ -103,43 +102,22 @@ func (c *config) resolveVLLM() error {
 	if c.layout != "vllm" {
 		return nil
 	}
-	var v blockstore.VLLM
-	switch {
-	case c.vllmConfig != "":
-		rc, err := blockstore.ReadVLLMRunConfig(c.vllmConfig)
-		if err != nil {
-			return err
-		}
-		if c.model != "" && rc.ModelName != c.model {
-			return usagef("--model %q, but --vllm-config is of %q", c.model, rc.ModelName)
-		}
-		v = blockstore.NewVLLM(rc, c.rank, c.group, false)
-		if c.vllmBase != "" && c.vllmBase != v.Base {
-			return usagef("--vllm-base %q, but --vllm-config names %q", c.vllmBase, v.Base)
-		}
-	case c.vllmBase != "":
-		if c.model != "" && !strings.HasPrefix(c.vllmBase, strings.ReplaceAll(c.model, "/", "_")+"_") {
-			return usagef("--vllm-base %q is not of --model %q", c.vllmBase, c.model)
-		}
-		v = blockstore.VLLM{Base: c.vllmBase, Rank: c.rank, Group: c.group}
-	case c.model != "":
-		base, err := blockstore.FindVLLMBase(c.dir, c.model)
-		switch {
-		case err == nil:
-			v = blockstore.VLLM{Base: base, Rank: c.rank, Group: c.group}
-		case errors.Is(err, fs.ErrNotExist) && (c.command == "populate" || c.command == "run"):
-			v = blockstore.NewVLLM(defaultVLLMRunConfig(c.model), c.rank, c.group, false)
-		case errors.Is(err, blockstore.ErrInvalidOptions):
-			return usagef("%v: name one with --vllm-base", err)
-		default:
-			return fmt.Errorf("--layout vllm: %w", err)
-		}
-	default:
+	spec := blockstore.VLLMSpec{ConfigPath: c.vllmConfig, Base: c.vllmBase, Model: c.model, Rank: c.rank, Group: c.group}
+	if spec == (blockstore.VLLMSpec{Rank: c.rank, Group: c.group}) {
 		c.namespace = "" // every namespace of the directory
 		return nil
 	}
-	if err := v.Validate(); err != nil {
+	v, err := blockstore.ResolveVLLM(c.dir, spec)
+	switch {
+	case errors.Is(err, fs.ErrNotExist) && spec.ConfigPath == "" && spec.Base == "" && (c.command == "populate" || c.command == "run"):
+		v = blockstore.NewVLLM(defaultVLLMRunConfig(c.model), c.rank, c.group, false)
+		if err := v.Validate(); err != nil {
+			return usagef("--layout vllm: %v", err)
+		}
+	case errors.Is(err, blockstore.ErrInvalidOptions):
 		return usagef("--layout vllm: %v", err)
+	case err != nil:
+		return fmt.Errorf("--layout vllm: %w", err)
 	}
 	c.vllm, c.namespace = &v, v.Namespace()
 	return nil

@@ -34,11 +34,11 @@ class Status(enum.IntEnum):
 
     PENDING = 0
     FOUND = 1  #: lookup: the block exists
-    LOADED = 2  #: load: the payload is in the buffer, checksum verified
+    LOADED = 2  #: load: the payload is in the buffer, verified (checksums; raw blocks: their size)
     STORED = 3  #: store: the block was published
-    PRESENT = 4  #: store: the block was already there
+    PRESENT = 4  #: store: the block was already there; nothing written
     MISSING = 5  #: no such block
-    CORRUPT = 6  #: load: the file failed verification
+    CORRUPT = 6  #: load: the file failed verification (quarantined, removed or left: on_corrupt)
     TIMED_OUT = 7  #: the deadline passed, or the circuit breaker is open
     FAILED = 8  #: an IO error
     CANCELED = 9  #: cancel() or close() ended it first
@@ -143,7 +143,8 @@ class Tier:
     Args:
         path: the tier's root directory (created if needed).
         block_size: every block's payload size in bytes.
-        namespace: the directory under path holding the blocks.
+        namespace: the directory under path holding the blocks ("default"; with layout="vllm",
+            the rank directory, found by the library: leave it None).
         engine: "auto" (io_uring where usable, else plain syscalls), "uring" or "sync".
         depth: requests submitted and not yet polled; beyond it, submits raise BusyError.
         batch_max: most keys in one request.
@@ -155,7 +156,17 @@ class Tier:
         durability: "none", "data" or "full" (fsync of stores).
         close_timeout: how long ``with`` waits for the filesystem when closing, in seconds.
         **options: further options of ut_open by name (cache_size, rings, ops_max, workers_max,
-            sync_workers, breaker_threshold, lookup_op, direct); see uringtier.h.
+            sync_workers, breaker_threshold, lookup_op, direct, format, on_corrupt, layout, and
+            layout="vllm"'s model, rank, group, vllm_base, vllm_config); see uringtier.h.
+
+    A directory of vLLM's filesystem offloading tier (raw blocks at
+    ``<path>/<model>_<12 hex>_r<rank>/<hex[0:3]>/<hex[3:5]>_g<group>/<hex>.bin``, keys being vLLM's
+    block hashes)::
+
+        Tier("/mnt/kv", block_size, layout="vllm", model="meta-llama/Llama-3.1-8B", rank=0, group=0)
+
+    Reading it changes nothing (``on_corrupt="remove"`` deletes corrupt blocks, as vLLM does), and
+    stores publish as vLLM's do, so both can write it at once.
     """
 
     _RESULTS_MAX = 64
@@ -165,7 +176,7 @@ class Tier:
         path: str | os.PathLike,
         block_size: int,
         *,
-        namespace: str = "default",
+        namespace: str | None = None,
         engine: str = "auto",
         depth: int = 256,
         batch_max: int = 4096,
@@ -180,9 +191,10 @@ class Tier:
         self._lib = _lib.load()
         if batch_max < 1:
             raise InvalidOptionsError(f"batch_max is {batch_max}: want at least 1")
-        opts = {
-            "block_size": block_size,
-            "namespace": namespace,
+        opts: dict[str, Any] = {"block_size": block_size}
+        if namespace is not None:
+            opts["namespace"] = namespace
+        opts |= {
             "engine": engine,
             "depth": depth,
             "batch_max": batch_max,
@@ -203,7 +215,8 @@ class Tier:
         self._handle = handle.value
         self.path = os.fsdecode(path)
         self.block_size = block_size  #: every block's payload size
-        self.namespace = namespace
+        #: the directory under path holding the blocks (with layout="vllm", the rank directory)
+        self.namespace = namespace if namespace is not None else self.stats()["namespace"]
         self.batch_max = batch_max
         self.close_timeout = close_timeout
         self._results = (_lib.ut_result * self._RESULTS_MAX)()
