@@ -417,6 +417,10 @@ type VLLMSpec struct {
 	Model      string // the model's name as vLLM has it
 	Rank       int    // the worker's rank
 	Group      int    // the KV-cache group
+	// ParallelAgnostic is vLLM's parallel_agnostic: one directory for
+	// every parallel layout, the run config's parallel sizes 1 and the
+	// rank 0.
+	ParallelAgnostic bool
 }
 
 // ResolveVLLM returns the place s names under root. A model without a
@@ -428,6 +432,9 @@ func ResolveVLLM(root string, s VLLMSpec) (VLLM, error) {
 	if s.Rank < 0 || s.Group < 0 {
 		return v, fmt.Errorf("%w: vLLM rank %d, group %d (want 0 or more)", ErrInvalidOptions, s.Rank, s.Group)
 	}
+	if s.ParallelAgnostic {
+		s.Rank = 0
+	}
 	switch {
 	case s.ConfigPath != "":
 		c, err := ReadVLLMRunConfig(s.ConfigPath)
@@ -437,7 +444,7 @@ func ResolveVLLM(root string, s VLLMSpec) (VLLM, error) {
 		if s.Model != "" && c.ModelName != s.Model {
 			return v, fmt.Errorf("%w: model %q, but the run config %s is of %q", ErrInvalidOptions, s.Model, s.ConfigPath, c.ModelName)
 		}
-		v = NewVLLM(c, s.Rank, s.Group, false)
+		v = NewVLLM(c, s.Rank, s.Group, s.ParallelAgnostic)
 		if s.Base != "" && s.Base != v.Base {
 			return v, fmt.Errorf("%w: base directory %q, but the run config %s names %q", ErrInvalidOptions, s.Base, s.ConfigPath, v.Base)
 		}

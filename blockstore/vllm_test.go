@@ -196,3 +196,41 @@ func TestVLLMValidate(t *testing.T) {
 	assert.ErrorIs(t, v.Validate(), ErrInvalidOptions, "a base that is not the config's")
 	assert.NoError(t, VLLM{Base: "m_0123456789ab", Rank: 7, Group: 3}.Validate())
 }
+
+func TestResolveVLLM(t *testing.T) {
+	root := t.TempDir()
+	const base, agnostic = "meta-llama_Llama-3.1-8B-Instruct_367717149c39", "meta-llama_Llama-3.1-8B-Instruct_1532e5be90d8"
+	cfg := filepath.Join(t.TempDir(), "config.json")
+	require.NoError(t, os.WriteFile(cfg, []byte(goldenConfigJSON), 0o644))
+
+	v, err := ResolveVLLM(root, VLLMSpec{ConfigPath: cfg, Rank: 3, Group: 1})
+	require.NoError(t, err)
+	assert.Equal(t, base+"_r3", v.Namespace())
+	assert.Equal(t, 1, v.Group)
+	require.NotNil(t, v.Config, "a run config is kept, for config.json")
+	v, err = ResolveVLLM(root, VLLMSpec{ConfigPath: cfg, Rank: 3, ParallelAgnostic: true})
+	require.NoError(t, err)
+	assert.Equal(t, agnostic+"_r0", v.Namespace())
+
+	_, err = ResolveVLLM(root, VLLMSpec{Model: "meta-llama/Llama-3.1-8B-Instruct"})
+	assert.ErrorIs(t, err, fs.ErrNotExist, "no base directory yet")
+	require.NoError(t, os.Mkdir(filepath.Join(root, base+"_r3"), 0o755))
+	v, err = ResolveVLLM(root, VLLMSpec{Model: "meta-llama/Llama-3.1-8B-Instruct", Rank: 2})
+	require.NoError(t, err)
+	assert.Equal(t, VLLM{Base: base, Rank: 2}, v)
+	v, err = ResolveVLLM(root, VLLMSpec{Base: base, Model: "meta-llama/Llama-3.1-8B-Instruct", Group: 4})
+	require.NoError(t, err)
+	assert.Equal(t, VLLM{Base: base, Group: 4}, v)
+
+	for _, s := range []VLLMSpec{
+		{},
+		{Model: "m", Rank: -1},
+		{ConfigPath: cfg, Model: "org/other"},
+		{ConfigPath: cfg, Base: "m_0123456789ab"},
+		{Base: base, Model: "org/other"},
+		{Base: "../up_0123456789ab"},
+	} {
+		_, err := ResolveVLLM(root, s)
+		assert.ErrorIs(t, err, ErrInvalidOptions, "%+v", s)
+	}
+}

@@ -16,7 +16,7 @@ import (
 type openOptions struct {
 	tier.Options
 	layout string              // "fanout" or "vllm"
-	vllm   blockstore.VLLMSpec // layout=vllm: model, rank, group, vllm_base, vllm_config
+	vllm   blockstore.VLLMSpec // layout=vllm: model, rank, group, vllm_base, vllm_config, parallel_agnostic
 }
 
 // optionSetters are ut_open's options (documented in uringtier.h), each
@@ -47,7 +47,11 @@ var optionSetters = map[string]func(o *openOptions, v string) error{
 	"vllm_base":   func(o *openOptions, v string) error { o.vllm.Base = v; return nil },
 	"vllm_config": func(o *openOptions, v string) error { o.vllm.ConfigPath = v; return nil },
 	"rank":        intOption(func(o *openOptions) *int { return &o.vllm.Rank }),
-	"group":       intOption(func(o *openOptions) *int { return &o.vllm.Group }),
+	"parallel_agnostic": func(o *openOptions, v string) (err error) {
+		o.vllm.ParallelAgnostic, err = strconv.ParseBool(v)
+		return err
+	},
+	"group": intOption(func(o *openOptions) *int { return &o.vllm.Group }),
 	"engine": func(o *openOptions, v string) (err error) {
 		if o.Engine, err = tier.ParseEngine(v); err != nil {
 			return fmt.Errorf("want auto, uring or sync")
@@ -156,7 +160,7 @@ func parseOptions(s string) (openOptions, error) {
 		}
 		return o, nil
 	}
-	for _, k := range []string{"model", "rank", "group", "vllm_base", "vllm_config"} {
+	for _, k := range []string{"model", "rank", "group", "vllm_base", "vllm_config", "parallel_agnostic"} {
 		if seen[k] {
 			return o, fmt.Errorf("%w: %s is for layout=vllm", tier.ErrInvalidOptions, k)
 		}

@@ -180,6 +180,9 @@ const char *ut_last_error(void);
  *                         directory, and ut_open writes <base>/config.json if it is absent
  *   rank=N                the worker's rank [0]
  *   group=N               the KV-cache group [0]
+ *   parallel_agnostic=true|false  vLLM's rule for one directory shared by every
+ *                         parallel layout: with vllm_config, the parallel sizes count as
+ *                         1; the rank is 0 [false]
  *
  * namespace is then the rank directory, and not an option. Reading such a
  * directory never changes it (on_corrupt=remove deletes corrupt blocks, as

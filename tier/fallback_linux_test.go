@@ -54,6 +54,7 @@ var conformanceSuite = []struct {
 	{"TestVLLMRawCorrupt", TestVLLMRawCorrupt},
 	{"TestVLLMRawStore", TestVLLMRawStore},
 	{"TestVLLMScriptDirectory", TestVLLMScriptDirectory},
+	{"TestVLLMOptions", TestVLLMOptions},
 }
 
 // notInConformanceSuite is every other test of this package, with the reason it stays out.

@@ -383,3 +383,31 @@ func TestVLLMConcurrentWriters(t *testing.T) {
 		assert.Positive(t, counts[StatusPresent]+counts[StatusMissing]+int(py["missing"].(float64)), "no sign that the writers overlapped")
 	})
 }
+
+// TestVLLMOptions: Options.VLLM sets the namespace, layout and format, and
+// Open refuses what contradicts it.
+func TestVLLMOptions(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		root := t.TempDir()
+		v := blockstore.NewVLLM(vllmRunConfig, 0, 1, false)
+		for _, mod := range []func(*Options){
+			func(o *Options) { o.Namespace = "other" },
+			func(o *Options) { o.Layout = blockstore.FanoutLayout{} },
+			func(o *Options) { o.Layout = blockstore.VLLMLayout{Group: 2} },
+			func(o *Options) { o.VLLM = &blockstore.VLLM{Base: "a b_0123456789ab"} },
+			func(o *Options) { o.VLLM, o.Format = nil, blockstore.Format(9) },
+			func(o *Options) { o.OnCorrupt = blockstore.CorruptAction(9) },
+		} {
+			opts := Options{BlockSize: vllmBlockSize, Engine: kind, VLLM: &v}
+			mod(&opts)
+			_, err := Open(root, opts)
+			require.ErrorIs(t, err, ErrInvalidOptions)
+		}
+		tr, err := Open(root, Options{BlockSize: vllmBlockSize, Engine: kind, VLLM: &v, Namespace: v.Namespace(), Layout: v.Layout()})
+		require.NoError(t, err)
+		defer tr.Close(context.Background())
+		assert.Equal(t, v.Namespace(), tr.Namespace())
+		assert.Equal(t, blockstore.FormatRaw, tr.BlockStore().Format())
+		assert.Equal(t, blockstore.Layout(v.Layout()), tr.BlockStore().Layout())
+	})
+}

@@ -43,15 +43,17 @@ type config struct {
 	json      bool
 
 	// layout and format
-	layout     string           // fanout or vllm
-	format     string           // framed, raw, or "": the layout's
-	onCorrupt  string           // tier option OnCorrupt
-	model      string           // vllm: the model, whose base directory is under dir
-	rank       int              // vllm: the worker's rank
-	group      int              // vllm: the KV-cache group
-	vllmBase   string           // vllm: the base directory's name
-	vllmConfig string           // vllm: a run config file
-	vllm       *blockstore.VLLM // vllm: the place of the blocks, set by resolveVLLM; nil without a model
+	layout     string // fanout or vllm
+	format     string // framed, raw, or "": the layout's
+	onCorrupt  string // tier option OnCorrupt
+	model      string // vllm: the model, whose base directory is under dir
+	rank       int    // vllm: the worker's rank
+	group      int    // vllm: the KV-cache group
+	vllmBase   string // vllm: the base directory's name
+	vllmConfig string // vllm: a run config file
+	// vllm: parallel_agnostic, one directory for every parallel layout
+	parallelAgnostic bool
+	vllm             *blockstore.VLLM // vllm: the place of the blocks, set by resolveVLLM; nil without a model
 
 	// populate and run
 	blocks    int

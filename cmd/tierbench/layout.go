@@ -23,6 +23,7 @@ func layoutFlags(fs *flag.FlagSet, c *config) {
 	fs.IntVar(&c.group, "group", 0, "--layout vllm: the KV-cache group")
 	fs.StringVar(&c.vllmBase, "vllm-base", "", "--layout vllm: the base directory's name (<model>_<12 hex>), when --dir holds several for the model")
 	fs.StringVar(&c.vllmConfig, "vllm-config", "", "--layout vllm: a run config as vLLM writes config.json; it names the base directory, and populate writes it there")
+	fs.BoolVar(&c.parallelAgnostic, "parallel-agnostic", false, "--layout vllm: vLLM's parallel_agnostic, one directory for every parallel layout: --vllm-config's parallel sizes count as 1, the rank is 0")
 }
 
 // onCorruptFlag registers --on-corrupt, for the commands that open a tier.
@@ -31,7 +32,7 @@ func onCorruptFlag(fs *flag.FlagSet, c *config) {
 }
 
 // vllmFlags are the flags that only --layout vllm takes.
-var vllmFlags = []string{"model", "rank", "group", "vllm-base", "vllm-config"}
+var vllmFlags = []string{"model", "rank", "group", "vllm-base", "vllm-config", "parallel-agnostic"}
 
 // validateLayout checks the layout flags' combinations.
 func (c *config) validateLayout() error {
@@ -102,15 +103,16 @@ func (c *config) resolveVLLM() error {
 	if c.layout != "vllm" {
 		return nil
 	}
-	spec := blockstore.VLLMSpec{ConfigPath: c.vllmConfig, Base: c.vllmBase, Model: c.model, Rank: c.rank, Group: c.group}
-	if spec == (blockstore.VLLMSpec{Rank: c.rank, Group: c.group}) {
+	spec := blockstore.VLLMSpec{ConfigPath: c.vllmConfig, Base: c.vllmBase, Model: c.model, Rank: c.rank, Group: c.group,
+		ParallelAgnostic: c.parallelAgnostic}
+	if spec.ConfigPath == "" && spec.Base == "" && spec.Model == "" {
 		c.namespace = "" // every namespace of the directory
 		return nil
 	}
 	v, err := blockstore.ResolveVLLM(c.dir, spec)
 	switch {
 	case errors.Is(err, fs.ErrNotExist) && spec.ConfigPath == "" && spec.Base == "" && (c.command == "populate" || c.command == "run"):
-		v = blockstore.NewVLLM(defaultVLLMRunConfig(c.model), c.rank, c.group, false)
+		v = blockstore.NewVLLM(defaultVLLMRunConfig(c.model), c.rank, c.group, c.parallelAgnostic)
 		if err := v.Validate(); err != nil {
 			return usagef("--layout vllm: %v", err)
 		}

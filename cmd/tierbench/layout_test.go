@@ -113,6 +113,14 @@ func TestVLLMConfigFlag(t *testing.T) {
 	assert.Equal(t, string(rc.ConfigJSON()), string(b))
 	assert.DirExists(t, filepath.Join(dir, v.Namespace()))
 
+	// Parallel agnostic: the sizes count as 1, the rank as 0.
+	mustRun(t, "populate", "--dir", dir, "--blocks", "4", "--block-size", "4KiB", "--layout", "vllm", "--vllm-config", cfgPath, "--rank", "3", "--parallel-agnostic")
+	a := blockstore.NewVLLM(rc, 3, 0, true)
+	assert.DirExists(t, filepath.Join(dir, a.Namespace()))
+	assert.True(t, strings.HasSuffix(a.Namespace(), "_r0"))
+	require.NoError(t, os.RemoveAll(filepath.Join(dir, a.Base)))
+	require.NoError(t, os.RemoveAll(filepath.Join(dir, a.Namespace())))
+
 	// A second run config of the model: --model alone is ambiguous.
 	mustRun(t, "populate", "--dir", dir, "--blocks", "4", "--block-size", "4KiB", "--layout", "vllm", "--model", "org/m", "--vllm-base", "org_m_0123456789ab", "--rank", "3")
 	code, _, stderr := tierbench(t, args("lookup", dir, tinyWorkload, []string{"--layout", "vllm", "--model", "org/m", "--rank", "3"})...)
