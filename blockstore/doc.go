@@ -30,11 +30,20 @@
 // per Store (Store.EnsureDir remembers them); if one is removed later, the
 // next create in it fails with ENOENT and Put recreates every missing level,
 // the root included, and retries once.
-// Other layouts (raw files of an inference server) plug in through Layout.
+// Other layouts plug in through Layout: VLLMLayout is vLLM's (see vLLM's
+// directories below).
 //
 // # Format
 //
-// A block file is a 4096-byte header followed by the payload; its size is
+// Format is the seam beside Layout: FormatFramed, the default, described
+// here, or FormatRaw, the payload alone (vLLM's), valid exactly when it is
+// a regular file of the block size (CheckRaw). The programs, Put, Get and
+// Verify follow the store's format; what a load does with a corrupt file
+// is a CorruptAction: quarantine (the framed default), leave (the raw
+// default: in a directory shared with other writers the file is theirs) or
+// remove (as vLLM does).
+//
+// A framed block file is a 4096-byte header followed by the payload; its size is
 // exactly HeaderSize + payload size, and the payload starts at offset 4096
 // so an O_DIRECT read of it into an aligned buffer stays aligned. Integers
 // are little-endian. Checksums are CRC32C (Castagnoli).
@@ -77,6 +86,29 @@
 // ...), Put removes its temporary file and nothing becomes visible; a writer
 // that dies leaves only its temporary file, which Clean removes once it is
 // old enough.
+//
+// A raw store first looks at the block's path and writes nothing when a
+// regular file of the block size is there (StatusPresent, as vLLM skips an
+// existing file); otherwise it publishes as above, with no header, its
+// temporary file opened O_CREAT|O_EXCL|O_WRONLY|O_TRUNC as vLLM opens its
+// own.
+//
+// # vLLM's directories
+//
+// vLLM's filesystem offloading tier keeps
+//
+//	<root>/<model, '/' → '_'>_<12 hex>/config.json
+//	<root>/<model, '/' → '_'>_<12 hex>_r<rank>/<hex[0:3]>/<hex[3:5]>_g<group>/<hex>.bin
+//
+// where the 12 hex digits begin the SHA-256 of the run config
+// (VLLMRunConfig) as compact JSON with sorted keys. VLLM names one worker's
+// blocks of one KV-cache group there: the rank directory is the namespace,
+// VLLMLayout{Group} the layout, FormatRaw the format, keys the block
+// hashes. VLLMLayout's temporary files are <path>_<digits>.tmp, as vLLM's
+// are, so Clean removes vLLM's stale ones and vLLM-side clean-up ours.
+// NewVLLM derives the base directory from a run config (with vLLM's
+// parallel-agnostic rule), WriteConfig writes config.json byte for byte as
+// vLLM does, FindVLLMBase and ResolveVLLM find an existing one.
 //
 // # Durability
 //

@@ -49,14 +49,27 @@
 //
 // Directories removed while the tier runs are created again: a store that
 // cannot create beneath the namespace directory's fd recreates the
-// directory (with the root and the quarantine directory) and opens it
+// directory (with the root, and the quarantine directory if loads use it)
+// and opens it
 // again, and each backend checks about once a second that its fd is still
 // the directory at the namespace's path, so lookups and loads see what
 // stores write. Both engines open block files beneath that fd without
 // following symlinks and without waiting (openat2 RESOLVE_BENEATH|
 // RESOLVE_NO_SYMLINKS, O_NONBLOCK): anything but a regular file at a block
-// path is StatusCorrupt and quarantined (a symlink is left in place), and
-// a lookup does not find it.
+// path is StatusCorrupt, and a corrupt file is quarantined, removed or left
+// as Options.OnCorrupt says (a symlink is always left in place).
+//
+// # Formats and layouts
+//
+// Options.Format and Layout are blockstore's seams, and part of the
+// programs both engines run: the framed format (a header naming the key,
+// with checksums; corrupt files quarantined by default) or the raw one
+// (the payload alone, valid at exactly BlockSize bytes; corrupt files left
+// alone by default; a store of a block already there answers
+// StatusPresent). Options.VLLM opens a directory of vLLM's filesystem
+// offloading tier as vLLM lays it out (blockstore.VLLM): raw blocks, stores
+// that publish by rename as vLLM's do (so both may write it at once and
+// neither sees a torn block), and reads that change nothing in it.
 //
 // # Memory
 //
