@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/uringtier/uringtier/blockstore"
 	"github.com/uringtier/uringtier/internal/faultfs"
 	"github.com/uringtier/uringtier/linux_test/noring"
 	"github.com/uringtier/uringtier/uring"
@@ -209,16 +210,16 @@ func TestLogFallback(t *testing.T) {
 }
 
 // TestNoteQuarantine checks what the engines' call after a quarantine move
-// does: it counts moves and failed moves, logs the first at once with both
-// paths and the cause, and then at most a line per quarantineLogGap, which
-// counts the quarantines it did not log.
+// (or a removal) does: it counts moves and failed moves, logs the first at
+// once with both paths and the cause, and then at most a line per
+// quarantineLogGap, which counts the quarantines it did not log.
 func TestNoteQuarantine(t *testing.T) {
 	rec := &logRecorder{}
 	tr := openTier(t, EngineSync, t.TempDir(), func(o *Options) { o.Logger = slog.New(rec) })
 	cause := syscall.EBADMSG
-	tr.noteQuarantine([]byte("ab/cd/x.blk\x00\x00"), []byte("/q/default.ab.1\x00"), cause, nil)
-	tr.noteQuarantine([]byte("ab/cd/y.blk\x00"), []byte("/q/default.ab.2\x00"), cause, nil)
-	tr.noteQuarantine([]byte("ab/cd/z.blk\x00"), []byte("/q/default.ab.3\x00"), cause, syscall.EXDEV)
+	tr.noteDisposed(blockstore.Disposal{Action: blockstore.CorruptQuarantine, Rel: []byte("ab/cd/x.blk\x00\x00"), Dst: []byte("/q/default.ab.1\x00"), Err: nil}, cause)
+	tr.noteDisposed(blockstore.Disposal{Action: blockstore.CorruptQuarantine, Rel: []byte("ab/cd/y.blk\x00"), Dst: []byte("/q/default.ab.2\x00"), Err: nil}, cause)
+	tr.noteDisposed(blockstore.Disposal{Action: blockstore.CorruptQuarantine, Rel: []byte("ab/cd/z.blk\x00"), Dst: []byte("/q/default.ab.3\x00"), Err: syscall.EXDEV}, cause)
 	st := tr.Stats()
 	assert.Equal(t, uint64(2), st.Quarantined)
 	assert.Equal(t, uint64(1), st.QuarantineFailed)
@@ -232,7 +233,7 @@ func TestNoteQuarantine(t *testing.T) {
 	assert.Len(t, rec.messages(), 3, "more than one quarantine line within a second: %q", rec.messages())
 
 	tr.stats.quarantineLogAt.Add(-int64(quarantineLogGap)) // as if a second had passed
-	tr.noteQuarantine([]byte("ab/cd/w.blk\x00"), []byte("/q/default.ab.4\x00"), cause, syscall.EXDEV)
+	tr.noteDisposed(blockstore.Disposal{Action: blockstore.CorruptQuarantine, Rel: []byte("ab/cd/w.blk\x00"), Dst: []byte("/q/default.ab.4\x00"), Err: syscall.EXDEV}, cause)
 	require.Len(t, rec.messages(), 4)
 	rec.mu.Lock()
 	last := rec.records[3]
@@ -244,6 +245,18 @@ func TestNoteQuarantine(t *testing.T) {
 		}
 		return true
 	})
+
+	// A removal: counted apart, logged without a quarantine path.
+	tr.stats.quarantineLogAt.Add(-int64(quarantineLogGap))
+	tr.noteDisposed(blockstore.Disposal{Action: blockstore.CorruptRemove, Rel: []byte("ab/cd/v.blk\x00")}, cause)
+	st = tr.Stats()
+	assert.Equal(t, uint64(1), st.Removed)
+	assert.Equal(t, uint64(2), st.Quarantined, "a removal counted as a quarantine")
+	level, attrs, ok = rec.find("removed")
+	require.True(t, ok, "no removal line: %q", rec.messages())
+	assert.Equal(t, slog.LevelWarn, level)
+	assert.Equal(t, filepath.Join(tr.nsDir, "ab/cd/v.blk"), attrs["path"])
+	assert.NotContains(t, attrs, "quarantine")
 }
 
 // TestFailureClasses stores into a FUSE filesystem that answers every write

@@ -43,13 +43,8 @@ func (t *Tier) quarantines() bool {
 // noteDisposal counts and logs what a decided load p did with a corrupt
 // block file, if anything. Safe from any goroutine.
 func (t *Tier) noteDisposal(p *blockstore.Program) {
-	d, ok := p.Disposed()
-	switch {
-	case !ok:
-	case d.Action == blockstore.CorruptRemove:
-		t.noteRemoval(d.Rel, p.Err, d.Err)
-	default:
-		t.noteQuarantine(d.Rel, d.Dst, p.Err, d.Err)
+	if d, ok := p.Disposed(); ok {
+		t.noteDisposed(d, p.Err)
 	}
 }
 

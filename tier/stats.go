@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/uringtier/uringtier/blockstore"
 	"github.com/uringtier/uringtier/latency"
 )
 
@@ -222,59 +223,36 @@ func (c *statsCounters) disposalLogged() bool {
 	return true
 }
 
-// noteQuarantine counts and logs a load's move of a corrupt block file
-// into the quarantine directory. rel is the block's path under the
-// namespace directory and dst the quarantine path (either may end in
-// NULs), cause why the load judged the block corrupt, and err the move's
-// failure (nil: moved). The engines call it once per move attempted; it is
-// safe from any goroutine.
-func (t *Tier) noteQuarantine(rel, dst []byte, cause, err error) {
+// noteDisposed counts and logs what a load did with a corrupt block file:
+// moved it into the quarantine directory or removed it (d.Action), or
+// failed to (d.Err). d.Rel is the block's path under the namespace
+// directory and d.Dst the quarantine path (either may end in NULs), cause
+// why the load judged the block corrupt. The engines call it once per
+// move or removal attempted; it is safe from any goroutine.
+func (t *Tier) noteDisposed(d blockstore.Disposal, cause error) {
 	c := &t.stats
-	if err == nil {
-		c.quarantined.Add(1)
+	done, failed, what := &c.quarantined, &c.quarantineFailed, "moved to the quarantine"
+	if d.Action == blockstore.CorruptRemove {
+		done, failed, what = &c.removed, &c.removeFailed, "removed"
+	}
+	if d.Err == nil {
+		done.Add(1)
 	} else {
-		c.quarantineFailed.Add(1)
+		failed.Add(1)
 	}
 	if !c.disposalLogged() {
 		return
 	}
-	attrs := []any{
-		"path", filepath.Join(t.nsDir, string(trimNUL(rel))),
-		"quarantine", string(trimNUL(dst)),
-		"cause", cause,
-		"unlogged", c.quarantineQuiet.Swap(0),
+	attrs := []any{"path", filepath.Join(t.nsDir, string(trimNUL(d.Rel)))}
+	if d.Action == blockstore.CorruptQuarantine {
+		attrs = append(attrs, "quarantine", string(trimNUL(d.Dst)))
 	}
-	if err != nil {
-		t.log.Error("tier: corrupt block could not be moved to the quarantine", append(attrs, "err", err)...)
+	attrs = append(attrs, "cause", cause, "unlogged", c.quarantineQuiet.Swap(0))
+	if d.Err != nil {
+		t.log.Error("tier: corrupt block could not be "+what, append(attrs, "err", d.Err)...)
 		return
 	}
-	t.log.Warn("tier: corrupt block moved to the quarantine", attrs...)
-}
-
-// noteRemoval counts and logs a load's removal of a corrupt block file
-// (blockstore.CorruptRemove), as noteQuarantine does a move: rel is the
-// block's path under the namespace directory, cause why it was corrupt and
-// err why the removal failed (nil: removed).
-func (t *Tier) noteRemoval(rel []byte, cause, err error) {
-	c := &t.stats
-	if err == nil {
-		c.removed.Add(1)
-	} else {
-		c.removeFailed.Add(1)
-	}
-	if !c.disposalLogged() {
-		return
-	}
-	attrs := []any{
-		"path", filepath.Join(t.nsDir, string(trimNUL(rel))),
-		"cause", cause,
-		"unlogged", c.quarantineQuiet.Swap(0),
-	}
-	if err != nil {
-		t.log.Error("tier: corrupt block could not be removed", append(attrs, "err", err)...)
-		return
-	}
-	t.log.Warn("tier: corrupt block removed", attrs...)
+	t.log.Warn("tier: corrupt block "+what, attrs...)
 }
 
 // trimNUL cuts b at its first NUL.
