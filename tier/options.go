@@ -303,7 +303,7 @@ func (o *Options) validate() error {
 		return bad("OnCorrupt %d (want default, leave, remove or quarantine)", o.OnCorrupt)
 	}
 	if v := o.VLLM; v != nil {
-		if o.Namespace != v.Namespace() || o.Layout != blockstore.Layout(v.Layout()) {
+		if l, ok := o.Layout.(blockstore.VLLMLayout); !ok || l != v.Layout() || o.Namespace != v.Namespace() {
 			return bad("Namespace %q and Layout %v are not those of VLLM (%q, %v): leave them unset", o.Namespace, o.Layout, v.Namespace(), v.Layout())
 		}
 		if err := v.Validate(); err != nil {
