@@ -157,7 +157,8 @@ class Tier:
         close_timeout: how long ``with`` waits for the filesystem when closing, in seconds.
         **options: further options of ut_open by name (cache_size, rings, ops_max, workers_max,
             sync_workers, breaker_threshold, lookup_op, direct, format, on_corrupt, layout, and
-            layout="vllm"'s model, rank, group, vllm_base, vllm_config); see uringtier.h.
+            layout="vllm"'s model, rank, group, vllm_base, vllm_config, parallel_agnostic); see
+            uringtier.h.
 
     A directory of vLLM's filesystem offloading tier (raw blocks at
     ``<path>/<model>_<12 hex>_r<rank>/<hex[0:3]>/<hex[3:5]>_g<group>/<hex>.bin``, keys being vLLM's
