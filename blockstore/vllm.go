@@ -1,6 +1,7 @@
 package blockstore
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -359,14 +360,18 @@ func (v VLLM) WriteConfig(root string) error {
 }
 
 // ReadVLLMRunConfig reads a run config from a config.json as vLLM writes
-// it (or any JSON object with its fields).
+// it (or any JSON object with its fields). A field it does not know is an
+// error: vLLM hashes every field, so the base directory derived without
+// it would not be vLLM's.
 func ReadVLLMRunConfig(path string) (VLLMRunConfig, error) {
 	var c VLLMRunConfig
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return c, err
 	}
-	if err := json.Unmarshal(b, &c); err != nil {
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&c); err != nil {
 		return c, fmt.Errorf("%w: vLLM run config %s: %w", ErrInvalidOptions, path, err)
 	}
 	return c, nil

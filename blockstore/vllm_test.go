@@ -166,6 +166,12 @@ func TestVLLMConfigFile(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, v.Base, c.BaseName())
 
+	// A field this package does not know would change vLLM's digest.
+	require.NoError(t, os.WriteFile(path, []byte(`{"model_name": "m", "new_field": 1}`), 0o644))
+	_, err = ReadVLLMRunConfig(path)
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	assert.Contains(t, err.Error(), "new_field")
+
 	// Only the base name known: nothing written.
 	require.NoError(t, VLLM{Base: "m_0123456789ab"}.WriteConfig(root))
 	assert.NoDirExists(t, filepath.Join(root, "m_0123456789ab"))
