@@ -47,11 +47,11 @@ var optionSetters = map[string]func(o *openOptions, v string) error{
 	"vllm_base":   func(o *openOptions, v string) error { o.vllm.Base = v; return nil },
 	"vllm_config": func(o *openOptions, v string) error { o.vllm.ConfigPath = v; return nil },
 	"rank":        intOption(func(o *openOptions) *int { return &o.vllm.Rank }),
+	"group":       intOption(func(o *openOptions) *int { return &o.vllm.Group }),
 	"parallel_agnostic": func(o *openOptions, v string) (err error) {
 		o.vllm.ParallelAgnostic, err = strconv.ParseBool(v)
 		return err
 	},
-	"group": intOption(func(o *openOptions) *int { return &o.vllm.Group }),
 	"engine": func(o *openOptions, v string) (err error) {
 		if o.Engine, err = tier.ParseEngine(v); err != nil {
 			return fmt.Errorf("want auto, uring or sync")
