@@ -121,7 +121,7 @@ func mountExt4(t *testing.T) string {
 // several FUSE clients: each mount is its own glusterfs client process with its own caches, as on
 // separate hosts.
 type gluster struct {
-	t       *testing.T
+	t       *testing.T // the test that made it; its cleanups report to it
 	host    string   // the address the brick is served on (not loopback: glusterd refuses it)
 	volume  string   // the volume's name, unique
 	brick   string   // the brick directory, on the local filesystem
@@ -129,9 +129,10 @@ type gluster struct {
 	started bool     // the volume is started (glusterd runs its brick)
 }
 
-// glusterCaching says whether the clients cache attributes, entries and misses (the FUSE client's
-// defaults) or not at all (attribute-timeout=0, entry-timeout=0, negative-timeout=0: every lookup
-// is a round trip to the server).
+// glusterCaching says whether the clients cache attributes, entries, misses and data (GlusterFS's
+// defaults) or not at all (the kernel's caches off with the mount options attribute-timeout=0,
+// entry-timeout=0, negative-timeout=0, and the client translators' caches off by volume options:
+// every lookup is a round trip to the server).
 type glusterCaching bool
 
 const (
@@ -163,10 +164,19 @@ func newGluster(t *testing.T, clients int, caching glusterCaching) *gluster {
 	}
 	require.NoError(t, os.Mkdir(g.brick, 0o755))
 	t.Cleanup(g.destroy)
-	g.cli("volume", "create", g.volume, g.host+":"+g.brick, "force")
-	g.Start()
+	g.cli(t, "volume", "create", g.volume, g.host+":"+g.brick, "force")
+	if caching == glusterCacheOff {
+		// The client's translators cache too: metadata (md-cache, "stat-prefetch"), small files
+		// (quick-read), pages (io-cache), read-ahead and deferred opens. Off, every lookup, open
+		// and read is a request to the brick.
+		for _, opt := range []string{"performance.stat-prefetch", "performance.quick-read", "performance.io-cache",
+			"performance.read-ahead", "performance.open-behind", "performance.readdir-ahead"} {
+			g.cli(t, "volume", "set", g.volume, opt, "off")
+		}
+	}
+	g.Start(t)
 	for range clients {
-		g.Mounts = append(g.Mounts, g.mount(caching))
+		g.Mounts = append(g.Mounts, g.mount(t, caching))
 	}
 	return g
 }
@@ -186,62 +196,91 @@ func glusterHost() (string, error) {
 }
 
 // cli runs a gluster command in script mode (no questions asked) and fails t if it fails.
-func (g *gluster) cli(args ...string) string {
-	g.t.Helper()
-	return run(g.t, "gluster", append([]string{"--mode=script"}, args...)...)
+func (g *gluster) cli(t *testing.T, args ...string) string {
+	t.Helper()
+	return run(t, "gluster", append([]string{"--mode=script"}, args...)...)
 }
 
 // mount mounts the volume on a fresh directory, as a new client.
-func (g *gluster) mount(caching glusterCaching) string {
-	g.t.Helper()
-	dir := g.t.TempDir()
+func (g *gluster) mount(t *testing.T, caching glusterCaching) string {
+	t.Helper()
+	dir := t.TempDir()
 	opts := "log-level=WARNING"
 	if caching == glusterCacheOff {
 		opts += ",attribute-timeout=0,entry-timeout=0,negative-timeout=0"
 	}
-	run(g.t, "mount", "-t", "glusterfs", "-o", opts, g.host+":/"+g.volume, dir)
-	unmountLater(g.t, dir)
+	run(t, "mount", "-t", "glusterfs", "-o", opts, g.host+":/"+g.volume, dir)
+	unmountLater(t, dir)
 	// The mount helper returns once the client process has started; wait until it serves the volume.
-	require.Eventually(g.t, func() bool {
+	require.Eventually(t, func() bool {
 		var st unix.Statfs_t
 		return unix.Statfs(dir, &st) == nil && st.Type == unix.FUSE_SUPER_MAGIC
 	}, 30*time.Second, 10*time.Millisecond, "the GlusterFS mount on %s did not come up", dir)
 	return dir
 }
 
-// Start starts the volume: glusterd spawns its brick process (again, after Stop or BrickPid's
-// process was killed). Clients reconnect by themselves within seconds.
-func (g *gluster) Start() {
-	g.t.Helper()
-	g.cli("volume", "start", g.volume, "force")
-	g.started = true
+// Start starts the volume: glusterd spawns its brick process (again, after BrickPid's process
+// was killed), and Start waits until every client mount has reconnected to it, which they do by
+// themselves within seconds.
+func (g *gluster) Start(t *testing.T) {
+	t.Helper()
+	// Right after a brick process died, glusterd may not have noticed: "start force" succeeds
+	// and starts nothing. Again until the brick is online.
+	require.Eventually(t, func() bool {
+		if _, err := runErr("gluster", "--mode=script", "volume", "start", g.volume, "force"); err != nil {
+			t.Logf("start the test volume: %v", err)
+			return false
+		}
+		g.started = true
+		pid, err := g.brickPid()
+		return err == nil && syscall.Kill(pid, 0) == nil
+	}, 60*time.Second, 200*time.Millisecond, "the brick of %s did not come online", g.volume)
+	for _, m := range g.Mounts {
+		// A name that is not there: ENOENT once the brick answers, ENOTCONN until then.
+		probe := filepath.Join(m, fmt.Sprintf(".reconnect-probe.%d", fsSeq.Add(1)))
+		require.Eventually(t, func() bool {
+			return errors.Is(unix.Access(probe, unix.F_OK), unix.ENOENT)
+		}, 60*time.Second, 20*time.Millisecond, "client %s did not reconnect to the brick", m)
+	}
 }
 
 // BrickPid returns the pid of the brick process (glusterfsd) serving the volume.
-func (g *gluster) BrickPid() int {
-	g.t.Helper()
+func (g *gluster) BrickPid(t *testing.T) int {
+	t.Helper()
+	pid, err := g.brickPid()
+	require.NoError(t, err)
+	return pid
+}
+
+// brickPid returns the pid of the brick process that `gluster volume status` reports online.
+func (g *gluster) brickPid() (int, error) {
 	var status struct {
 		Nodes []struct {
-			Path string `xml:"path"`
-			Pid  int    `xml:"pid"`
+			Path   string `xml:"path"`
+			Status int    `xml:"status"`
+			Pid    int    `xml:"pid"`
 		} `xml:"volStatus>volumes>volume>node"`
 	}
-	out := g.cli("volume", "status", g.volume, "--xml")
-	require.NoError(g.t, xml.Unmarshal([]byte(out), &status), "gluster volume status --xml: %s", out)
+	out, err := runErr("gluster", "--mode=script", "volume", "status", g.volume, "--xml")
+	if err != nil {
+		return 0, err
+	}
+	if err := xml.Unmarshal([]byte(out), &status); err != nil {
+		return 0, fmt.Errorf("gluster volume status --xml: %w: %s", err, out)
+	}
 	for _, n := range status.Nodes {
-		if n.Path == g.brick && n.Pid > 0 {
-			return n.Pid
+		if n.Path == g.brick && n.Status == 1 && n.Pid > 0 {
+			return n.Pid, nil
 		}
 	}
-	require.FailNow(g.t, "no brick process", "gluster volume status %s: %s", g.volume, out)
-	return 0
+	return 0, fmt.Errorf("gluster volume status %s: the brick is not online: %s", g.volume, out)
 }
 
 // destroy stops and deletes the volume; the mounts are gone by then (their cleanups were
 // registered later, so they ran first). A brick left stopped by a test (SIGSTOP) is continued first.
 func (g *gluster) destroy() {
 	if g.started {
-		if pid, err := g.brickPidErr(); err == nil {
+		if pid, err := g.brickPid(); err == nil {
 			syscall.Kill(pid, syscall.SIGCONT)
 		}
 		if _, err := runErr("gluster", "--mode=script", "volume", "stop", g.volume, "force"); err != nil {
@@ -251,18 +290,4 @@ func (g *gluster) destroy() {
 	if _, err := runErr("gluster", "--mode=script", "volume", "delete", g.volume); err != nil {
 		g.t.Errorf("delete the test volume: %v", err)
 	}
-}
-
-// brickPidErr is BrickPid for cleanups, which must not stop the test.
-func (g *gluster) brickPidErr() (int, error) {
-	out, err := runErr("gluster", "--mode=script", "volume", "status", g.volume, "--xml")
-	if err != nil {
-		return 0, err
-	}
-	i := strings.Index(out, "<pid>")
-	if i < 0 {
-		return 0, errors.New("no pid in volume status")
-	}
-	j := strings.Index(out[i:], "</pid>")
-	return strconv.Atoi(out[i+len("<pid>") : i+j])
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -292,8 +293,8 @@ const glusterTimeout = 500 * time.Millisecond
 // (SIGSTOP): every key of lookups, loads and stores ends at its deadline StatusTimedOut with
 // ErrTimeout, the breaker opens, and Close of B returns by its context with ErrStuck. Continued:
 // A's breaker closes after a probe and A looks up, loads and stores again without a restart.
-// Killed (SIGKILL): every key ends with an error, never a hang; once the volume is started again,
-// A works again.
+// Killed (SIGKILL): every key fails at once with an *fs.PathError wrapping ENOTCONN (the client
+// has lost its connection); once the volume is started again, A works again.
 func TestGlusterServerGone(t *testing.T) {
 	g := newGluster(t, 2, glusterCacheOff)
 	engines(t, func(t *testing.T, kind tier.EngineKind) {
@@ -335,7 +336,7 @@ func TestGlusterServerGone(t *testing.T) {
 					}
 				}
 				return true
-			}, 60*time.Second, 100*time.Millisecond, "the tier did not recover: %+v", tr.Stats())
+			}, 60*time.Second, 100*time.Millisecond, "the tier did not recover (breaker open: %v)", tr.Stats().BreakerOpen)
 			assert.False(t, tr.Stats().BreakerOpen, "the breaker is open after lookups succeeded")
 			lbufs := buffers(n, blockSize)
 			require.NoError(t, tr.Load(req+1, keyRange(0, n), lbufs))
@@ -348,7 +349,7 @@ func TestGlusterServerGone(t *testing.T) {
 		}
 
 		// Hung: the brick stops answering.
-		brick := g.BrickPid()
+		brick := g.BrickPid(t)
 		require.NoError(t, syscall.Kill(brick, syscall.SIGSTOP))
 		continued := false
 		defer func() {
@@ -376,19 +377,23 @@ func TestGlusterServerGone(t *testing.T) {
 		require.NoError(t, syscall.Kill(brick, syscall.SIGCONT))
 		continued = true
 		worksAgain(a, 100)
-		t.Logf("hung brick continued: A works again; %+v", a.Stats())
+		st := a.Stats()
+		t.Logf("hung brick continued: A works again: %d late completions, breaker trips %d", st.Late, st.BreakerTrips)
 
 		// Killed: the brick process dies; the clients lose their connection.
-		require.NoError(t, syscall.Kill(g.BrickPid(), syscall.SIGKILL))
-		failed := map[string]int{}
+		require.NoError(t, syscall.Kill(g.BrickPid(t), syscall.SIGKILL))
+		failed := map[tier.Op]int{}
 		for req, r := range submitAll(a, 200) {
 			for i, k := range r.Keys {
-				require.False(t, k.Status.OK(), "killed brick: request %d key %d: %v", req, i, k.Status)
-				failed[fmt.Sprintf("%v: %v", k.Status, k.Err)]++
+				require.Equal(t, tier.StatusFailed, k.Status, "killed brick: request %d key %d: %v", req, i, k.Err)
+				var pe *fs.PathError
+				require.True(t, errors.As(k.Err, &pe), "killed brick: request %d key %d: %T is not an *fs.PathError: %v", req, i, k.Err, k.Err)
+				require.ErrorIs(t, k.Err, syscall.ENOTCONN, "killed brick: request %d key %d", req, i)
+				failed[r.Op]++
 			}
 		}
-		t.Logf("killed brick: %v", failed)
-		g.Start()
+		t.Logf("killed brick: keys failed with ENOTCONN by operation: %v", failed)
+		g.Start(t)
 		worksAgain(a, 300)
 		verifyClean(t, a.BlockStore(), ns, "after the brick came back")
 	})
