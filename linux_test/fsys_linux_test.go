@@ -87,6 +87,7 @@ func loopDevice(t *testing.T, size int64, sectorSize int) string {
 	require.NoError(t, f.Close())
 	dev := strings.TrimSpace(run(t, "losetup", "--find", "--show", "--sector-size", strconv.Itoa(sectorSize), img))
 	t.Cleanup(func() { run(t, "losetup", "--detach", dev) })
+	require.Equal(t, strconv.Itoa(sectorSize), strings.TrimSpace(run(t, "blockdev", "--getss", dev)), "logical sector size of %s", dev)
 	return dev
 }
 
@@ -122,11 +123,11 @@ func mountExt4(t *testing.T) string {
 // separate hosts.
 type gluster struct {
 	t       *testing.T // the test that made it; its cleanups report to it
-	host    string   // the address the brick is served on (not loopback: glusterd refuses it)
-	volume  string   // the volume's name, unique
-	brick   string   // the brick directory, on the local filesystem
-	Mounts  []string // the client mount points
-	started bool     // the volume is started (glusterd runs its brick)
+	host    string     // the address the brick is served on (not loopback: glusterd refuses it)
+	volume  string     // the volume's name, unique
+	brick   string     // the brick directory, on the local filesystem
+	Mounts  []string   // the client mount points
+	started bool       // the volume is started (glusterd runs its brick)
 }
 
 // glusterCaching says whether the clients cache attributes, entries, misses and data (GlusterFS's
