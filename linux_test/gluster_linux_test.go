@@ -398,3 +398,77 @@ func TestGlusterServerGone(t *testing.T) {
 		verifyClean(t, a.BlockStore(), ns, "after the brick came back")
 	})
 }
+
+// TestGlusterReplacedUnderLoad has client A replace blocks again and again (rename over the old file,
+// content a, then b, then a…) while client B loads them, for each engine: a block replaced between B's
+// path walk and its open or read is never reported failed (ESTALE) or missing, only loaded, whole, with
+// one of the two contents. The kernel retries an open or a stat that meets ESTALE once with a fresh
+// path walk (LOOKUP_REVAL); GlusterFS keeps an open file readable after it is replaced.
+func TestGlusterReplacedUnderLoad(t *testing.T) {
+	g := newGluster(t, 2, glusterCacheOff)
+	engines(t, func(t *testing.T, kind tier.EngineKind) {
+		ns := "replaced-" + kind.String()
+		mod := func(o *tier.Options) { o.Namespace = ns }
+		a := openTier(t, kind, g.Mounts[0], mod)
+		b := openTier(t, kind, g.Mounts[1], mod)
+		const n = 8
+		content := func(c, i int) []byte { return payload(1000*c+i, blockSize) }
+		for i := range n {
+			require.NoError(t, a.BlockStore().Put(ns, key(i), content(0, i)))
+		}
+		stop := make(chan struct{})
+		var replaced int
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			results := make([]tier.Result, 4)
+			for req := uint64(1); ; req++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				bufs := make([][]byte, n)
+				for i := range bufs {
+					bufs[i] = content(int(req%2), i)
+				}
+				if !assert.NoError(t, a.Store(req, keyRange(0, n), bufs)) {
+					return
+				}
+				r, err := pollOne(a, req, results)
+				if !assert.NoError(t, err) {
+					return
+				}
+				for i, k := range r.Keys {
+					if !assert.Equal(t, tier.StatusStored, k.Status, "A's replacement of key %d: %v", i, k.Err) {
+						return
+					}
+				}
+				replaced += n
+			}
+		})
+		loads := map[int]int{}
+		end := time.Now().Add(2 * time.Second)
+		for req := uint64(1); time.Now().Before(end); req++ {
+			bufs := buffers(n, blockSize)
+			require.NoError(t, b.Load(req, keyRange(0, n), bufs))
+			for i, k := range await(t, b, req)[req].Keys {
+				require.Equal(t, tier.StatusLoaded, k.Status, "B's load of key %d while A replaces it: %v", i, k.Err)
+				switch {
+				case bytes.Equal(bufs[i], content(0, i)):
+					loads[0]++
+				case bytes.Equal(bufs[i], content(1, i)):
+					loads[1]++
+				default:
+					t.Fatalf("B's load of key %d: neither content", i)
+				}
+			}
+		}
+		close(stop)
+		wg.Wait()
+		t.Logf("A replaced %d blocks while B loaded content a %d times and b %d times", replaced, loads[0], loads[1])
+		require.Positive(t, replaced, "A replaced nothing")
+		require.Positive(t, loads[1], "B never loaded a replacement")
+		verifyClean(t, b.BlockStore(), ns, "after the replacements")
+		assert.Empty(t, tempFiles(t, b.BlockStore(), ns), "temporary files")
+	})
+}
