@@ -25,7 +25,7 @@ import (
 // by a program without it.
 //
 // A skipped Python test fails the run when CI is set: on CI every
-// requirement (python3-numpy, root, /dev/fuse, fusermount3) is installed
+// requirement (python3-numpy, root, /dev/fuse) is installed
 // by .ci/run, so a skip means a test did not run that should have.
 
 // built holds what TestMain built, in a directory it removes afterwards.

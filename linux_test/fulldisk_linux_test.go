@@ -9,7 +9,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 
 	"github.com/uringtier/uringtier/blockstore"
 	"github.com/uringtier/uringtier/tier"
@@ -19,12 +18,9 @@ import (
 // wrapping ENOSPC while the others succeed, nothing partial is visible (no temporary file, no
 // corrupt block), and after eviction the failed stores succeed.
 func TestFullDisk(t *testing.T) {
-	needRoot(t, "mounting a tmpfs")
 	const size = 64 << 10 // 16 blocks of 68 KiB files would need 1.06 MiB
 	engines(t, func(t *testing.T, kind tier.EngineKind) {
-		dir := t.TempDir()
-		require.NoError(t, unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"), "mount a 1 MiB tmpfs on %s", dir)
-		t.Cleanup(func() { require.NoError(t, unix.Unmount(dir, unix.MNT_DETACH)) })
+		dir := mountTmpfs(t, 1<<20)
 		tr := openTier(t, kind, dir, func(o *tier.Options) { o.BlockSize = size })
 		ns := tr.Namespace()
 

@@ -178,7 +178,7 @@ func (s *session) mountLatency() (func() error, error) {
 		return func() error { return nil }, nil
 	}
 	if err := faultfs.Available(); err != nil {
-		return nil, fmt.Errorf("--latency needs FUSE (root, /dev/fuse and fusermount3 from Debian's fuse3): %w", err)
+		return nil, fmt.Errorf("--latency needs FUSE (root and /dev/fuse): %w", err)
 	}
 	mnt, err := os.MkdirTemp("", "tierbench-fuse-")
 	if err != nil {

@@ -36,7 +36,7 @@ func workloadFlags(withData bool) func(*flag.FlagSet, *config) {
 		fs.Int64Var(&c.keys, "keys", 0, "run each workload for this many keys instead of --duration")
 		fs.BoolVar(&c.direct, "direct", true, "load and store with O_DIRECT where the filesystem allows (both engines); --direct=false goes through the page cache")
 		fs.BoolVar(&c.cold, "cold", false, "drop the page and dentry caches before each workload (root only)")
-		fs.DurationVar(&c.latency, "latency", 0, "serve --dir through a FUSE pass-through adding this latency to every operation (root, /dev/fuse, fusermount3)")
+		fs.DurationVar(&c.latency, "latency", 0, "serve --dir through a FUSE pass-through adding this latency to every operation (root and /dev/fuse)")
 
 		fs.StringVar(&c.dist, "dist", "uniform", "key distribution: uniform (each key in turn), zipf (--zipf-s), hot (--hot-keys, --hot-share)")
 		fs.Float64Var(&c.zipfS, "zipf-s", 1.1, "zipf: the skew s > 1 (rank r is picked with probability ∝ 1/r^s)")

@@ -299,7 +299,7 @@ def main() -> None:
             mount = subprocess.Popen([exe, backing, root], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      bufsize=1)
             if mount.stdout.readline().strip() != "ready":
-                sys.exit("faultmount failed (needs root, /dev/fuse and fusermount3)")
+                sys.exit("faultmount failed (needs root and /dev/fuse)")
             mount.stdin.write(f"latency {args.fuse_latency}\n")
             mount.stdin.flush()
             assert mount.stdout.readline().startswith("ok")

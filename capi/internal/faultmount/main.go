@@ -16,7 +16,7 @@
 //	hung                        how many operations are held now: ok N
 //	quit                        unmount and exit (so does end of input or SIGTERM)
 //
-// Needs root, /dev/fuse and fusermount3 (Debian's fuse3); it exits with
+// Needs root and /dev/fuse; it exits with
 // status 3, saying why, where FUSE is unusable.
 package main
 
