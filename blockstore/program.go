@@ -32,7 +32,9 @@ import (
 //	        then for a short read: READ the rest ─ … ─ CLOSE; for an open or read that fails
 //	        oddly or a file shorter than the format's least (a header; a raw block): STATX
 //	        (what is there?); for a corrupt block, as Config.Corrupt says: RENAME into
-//	        quarantine, or UNLINK it, or nothing
+//	        quarantine, or UNLINK it, or nothing; for ESTALE on the open or a read (another
+//	        host replaced or removed the file): [CLOSE, then] the first phase again, once,
+//	        then missing
 //	store:  [raw: STATX block, then nothing more if a block of the right size is there]
 //	        [MKDIR aa ═ OPEN aa ─ CLOSE ─ MKDIR aa/bb ═ OPEN aa/bb ─ CLOSE ─] OPEN tmp (O_CREAT|O_EXCL)
 //	        ─ [WRITE header ─] WRITE payload ─ … [─ FSYNC] ─ CLOSE ─ RENAME tmp → block
@@ -240,7 +242,8 @@ type progress struct {
 	phase    phase
 	fileOpen bool
 	created  bool          // a store made directories (their parents need a sync for DurabilityFull)
-	retried  bool          // a store already recreated its directories once
+	retried  bool          // a store already recreated its directories once; a load already met a stale file once
+	reopen   bool          // a load closes a stale file and walks the path again
 	eof      bool          // a load's read met the end of the file
 	moveAway bool          // a load's verdict, kept through its type check: dispose of the file
 	disposal CorruptAction // what a load did with the file: CorruptQuarantine or CorruptRemove, once tried
@@ -464,6 +467,12 @@ func (p *Program) Judge() bool {
 		}
 	}
 	if p.phase == phaseClose {
+		if p.reopen {
+			// The stale file is closed: walk the path again.
+			p.reopen = false
+			p.next(phaseMain)
+			return false
+		}
 		return true
 	}
 	switch p.Op {
@@ -475,9 +484,11 @@ func (p *Program) Judge() bool {
 			// file with the key's header and checksum) is a load's
 			// question, as for any corrupt block.
 			return p.decide(StatusFound, nil)
-		case r >= 0, r == -int32(unix.ENOENT), r == -int32(unix.ELOOP):
+		case r >= 0, r == -int32(unix.ENOENT), r == -int32(unix.ELOOP), r == -int32(unix.ESTALE):
 			// A symlink at the path (or, for an open, on the way): no
-			// block there.
+			// block there. ESTALE: another host replaced or removed what
+			// the path led to, and the kernel's own walk again (with
+			// LOOKUP_REVAL) met it too: no block there for us.
 			return p.decide(StatusMissing, nil)
 		default:
 			return p.decide(StatusFailed, p.pathError(s.Op, p.path[:], syscall.Errno(-r)))

@@ -44,6 +44,8 @@ func (p *Program) judgeLoad() bool {
 		s := &p.Steps[k]
 		r := s.Res
 		switch {
+		case r == -int32(unix.ESTALE) && (s.role == roleOpen || s.Op == StepRead):
+			return p.stale()
 		case s.role == roleOpen && r == -int32(unix.ENOENT):
 			return p.decide(StatusMissing, nil)
 		case s.role == roleOpen && r == -int32(unix.ELOOP):
@@ -99,6 +101,26 @@ func (p *Program) judgeLoad() bool {
 	}
 	p.Status, p.Err, p.moveAway = st, err, quarantine
 	return p.settleLoad()
+}
+
+// stale handles an open or read that met ESTALE: on a shared filesystem
+// another host replaced or removed the block since this host last walked
+// its path. The load starts again from the open, once, with a fresh walk
+// (closing the stale file first); a second ESTALE reports the block
+// missing, which is what it is to this host, never a failure.
+func (p *Program) stale() bool {
+	if p.retried || p.Canceled {
+		return p.decide(StatusMissing, nil)
+	}
+	p.retried = true
+	p.hdrDone, p.payDone, p.eof, p.tail = 0, 0, false, 0
+	if p.fileOpen {
+		p.reopen = true
+		p.next(phaseClose)
+		return false
+	}
+	p.next(phaseMain)
+	return false
 }
 
 // odd reports whether a load's open or read failed in a way that may mean

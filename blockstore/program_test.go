@@ -141,6 +141,7 @@ func TestProgramLookup(t *testing.T) {
 		{"symlink at the path", []byte("x"), nil, unix.S_IFLNK, StatusMissing},
 		{"symlink on the way", []byte("x"), map[int]int32{0: -int32(unix.ELOOP)}, 0, StatusMissing},
 		{"eio", []byte("x"), map[int]int32{0: -int32(unix.EIO)}, 0, StatusFailed},
+		{"stale", []byte("x"), map[int]int32{0: -int32(unix.ESTALE)}, 0, StatusMissing}, // after the kernel's own second walk
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var p Program
@@ -238,6 +239,28 @@ func TestProgramLoad(t *testing.T) {
 		p, phases := load(t, &fakeFS{})
 		require.Equal(t, StatusMissing, p.Status)
 		assert.Len(t, phases, 1)
+	})
+	// ESTALE: another host replaced or removed the file. The load walks
+	// the path again once, closing the stale file first; a second ESTALE
+	// is a missing block.
+	t.Run("stale-open-retried", func(t *testing.T) {
+		p, phases := load(t, &fakeFS{file: good, fail: map[int]int32{0: -int32(unix.ESTALE)}})
+		require.Equal(t, StatusLoaded, p.Status, "%v", p.Err)
+		assert.Equal(t, payload, p.buf)
+		assert.Equal(t, [][]StepOp{{StepOpen, StepRead, StepRead, StepRead, StepClose}, {StepOpen, StepRead, StepRead, StepRead, StepClose}}, phases)
+	})
+	t.Run("stale-read-reopened", func(t *testing.T) {
+		p, phases := load(t, &fakeFS{file: good, fail: map[int]int32{2: -int32(unix.ESTALE)}})
+		require.Equal(t, StatusLoaded, p.Status, "%v", p.Err)
+		assert.Equal(t, payload, p.buf)
+		assert.Equal(t, [][]StepOp{{StepOpen, StepRead, StepRead, StepRead, StepClose}, {StepClose}, {StepOpen, StepRead, StepRead, StepRead, StepClose}}, phases)
+		assert.False(t, p.fileOpen)
+	})
+	t.Run("stale-twice-missing", func(t *testing.T) {
+		p, phases := load(t, &fakeFS{file: good, fail: map[int]int32{0: -int32(unix.ESTALE), 1: -int32(unix.ESTALE)}})
+		require.Equal(t, StatusMissing, p.Status, "%v", p.Err)
+		assert.NoError(t, p.Err)
+		assert.Len(t, phases, 2)
 	})
 	t.Run("short-reads-continue", func(t *testing.T) {
 		// The payload read returns 5 bytes: the close is canceled, and the
