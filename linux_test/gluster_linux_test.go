@@ -1,7 +1,6 @@
 package linux_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -9,9 +8,7 @@ import (
 	"io/fs"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -198,30 +195,7 @@ func TestGlusterKilledWriter(t *testing.T) {
 		storeB, err := blockstore.Open(dirB, blockstore.Options{})
 		require.NoError(t, err)
 		const ns = "default"
-		n := 0
-		for ; n < killsMax && (n < kills || len(tempFiles(t, storeB, ns)) == 0); n++ {
-			cmd, err := childCommand("crash", dirA, kind, rng.Uint64())
-			require.NoError(t, err)
-			var stderr bytes.Buffer
-			cmd.Stderr = &stderr
-			stdout, err := cmd.StdoutPipe()
-			require.NoError(t, err)
-			require.NoError(t, cmd.Start())
-			line, err := bufio.NewReader(stdout).ReadString('\n')
-			if err != nil || strings.TrimSpace(line) != storingLine {
-				cmd.Process.Kill()
-				cmd.Wait()
-				t.Fatalf("seed %d kill %d: the child did not start storing (%q, %v): %s", seed, n, line, err, stderr.String())
-			}
-			time.Sleep(time.Duration(rng.IntN(200_000)) * time.Microsecond)
-			require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-			err = cmd.Wait()
-			var exit *exec.ExitError
-			require.True(t, errors.As(err, &exit), "seed %d kill %d: %v: %s", seed, n, err, stderr.String())
-			status := exit.Sys().(syscall.WaitStatus)
-			require.True(t, status.Signaled() && status.Signal() == syscall.SIGKILL,
-				"seed %d kill %d: the child ended by itself (%v): %s", seed, n, err, stderr.String())
-		}
+		n := killStoringChildren(t, killPlan{kills, killsMax, 200 * time.Millisecond}, dirA, kind, rng, seed, storeB, ns)
 		dead := tempFiles(t, storeB, ns)
 		require.NotEmpty(t, dead, "seed %d: no kill of %d landed mid-store", seed, n)
 		vs := verifyClean(t, storeB, ns, fmt.Sprintf("seed %d, through B", seed))

@@ -214,30 +214,7 @@ func TestCrashes(t *testing.T) {
 		store, err := blockstore.Open(dir, blockstore.Options{})
 		require.NoError(t, err)
 		ns := "default"
-		n := 0
-		for ; n < killsMax && (n < kills || len(tempFiles(t, store, ns)) == 0); n++ {
-			cmd, err := childCommand("crash", dir, kind, rng.Uint64())
-			require.NoError(t, err)
-			var stderr bytes.Buffer
-			cmd.Stderr = &stderr
-			stdout, err := cmd.StdoutPipe()
-			require.NoError(t, err)
-			require.NoError(t, cmd.Start())
-			line, err := bufio.NewReader(stdout).ReadString('\n')
-			if err != nil || strings.TrimSpace(line) != storingLine {
-				cmd.Process.Kill()
-				cmd.Wait()
-				t.Fatalf("seed %d kill %d: the child did not start storing (%q, %v): %s", seed, n, line, err, stderr.String())
-			}
-			time.Sleep(time.Duration(rng.IntN(40_000)) * time.Microsecond)
-			require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-			err = cmd.Wait()
-			var exit *exec.ExitError
-			require.True(t, errors.As(err, &exit), "seed %d kill %d: %v: %s", seed, n, err, stderr.String())
-			status := exit.Sys().(syscall.WaitStatus)
-			require.True(t, status.Signaled() && status.Signal() == syscall.SIGKILL,
-				"seed %d kill %d: the child ended by itself (%v): %s", seed, n, err, stderr.String())
-		}
+		n := killStoringChildren(t, killPlan{kills, killsMax, 40 * time.Millisecond}, dir, kind, rng, seed, store, ns)
 
 		left := tempFiles(t, store, ns)
 		vs := verifyClean(t, store, ns, fmt.Sprintf("seed %d", seed))
@@ -287,4 +264,44 @@ func TestSeveralProcesses(t *testing.T) {
 	require.NoError(t, err)
 	verifyClean(t, store, "default", fmt.Sprintf("seed %d", seed))
 	assert.Empty(t, tempFiles(t, store, "default"))
+}
+
+// killPlan says how killStoringChildren kills: at least kills children,
+// more until one died mid-store, at most killsMax, each at a random moment
+// up to maxWait after it started storing.
+type killPlan struct {
+	kills, killsMax int
+	maxWait         time.Duration
+}
+
+// killStoringChildren starts children storing into dir with engine kind and
+// SIGKILLs them as plan says, until store's namespace ns holds a temporary
+// file of one that died mid-store. It returns how many it killed.
+func killStoringChildren(t *testing.T, plan killPlan, dir string, kind tier.EngineKind, rng *rand.Rand, seed uint64, store *blockstore.Store, ns string) int {
+	t.Helper()
+	n := 0
+	for ; n < plan.killsMax && (n < plan.kills || len(tempFiles(t, store, ns)) == 0); n++ {
+		cmd, err := childCommand("crash", dir, kind, rng.Uint64())
+		require.NoError(t, err)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		stdout, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		require.NoError(t, cmd.Start())
+		line, err := bufio.NewReader(stdout).ReadString('\n')
+		if err != nil || strings.TrimSpace(line) != storingLine {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("seed %d kill %d: the child did not start storing (%q, %v): %s", seed, n, line, err, stderr.String())
+		}
+		time.Sleep(time.Duration(rng.IntN(int(plan.maxWait/time.Microsecond))) * time.Microsecond)
+		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+		err = cmd.Wait()
+		var exit *exec.ExitError
+		require.True(t, errors.As(err, &exit), "seed %d kill %d: %v: %s", seed, n, err, stderr.String())
+		status := exit.Sys().(syscall.WaitStatus)
+		require.True(t, status.Signaled() && status.Signal() == syscall.SIGKILL,
+			"seed %d kill %d: the child ended by itself (%v): %s", seed, n, err, stderr.String())
+	}
+	return n
 }
