@@ -138,25 +138,14 @@ func BenchmarkLookup(b *testing.B) {
 		})
 	}
 
-	// The plain-syscall baselines: fstatat relative to the namespace
-	// directory on NUL-terminated paths, allocation-free.
-	nsDir := filepath.Join(dir, "default")
-	nsFD, err := unix.Open(nsDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer unix.Close(nsFD)
-	paths := make([][]byte, lookupKeys)
-	for i := range paths {
-		paths[i] = append(blockstore.FanoutLayout{}.AppendPath(nil, keys[i]), 0)
-	}
+	// The plain-syscall baselines: fstatat and faccessat relative to the
+	// namespace directory on NUL-terminated paths, allocation-free.
+	nsFD, paths := baselinePaths(b, dir, keys)
 	calls := []struct {
 		name string
 		call func(p []byte, st *unix.Stat_t)
 	}{
-		{"fstatat", func(p []byte, st *unix.Stat_t) {
-			unix.Syscall6(unix.SYS_NEWFSTATAT, uintptr(nsFD), uintptr(unsafe.Pointer(&p[0])), uintptr(unsafe.Pointer(st)), 0, 0, 0)
-		}},
+		{"fstatat", fstatat(nsFD)},
 		{"faccessat", func(p []byte, _ *unix.Stat_t) {
 			unix.Syscall(unix.SYS_FACCESSAT, uintptr(nsFD), uintptr(unsafe.Pointer(&p[0])), unix.F_OK)
 		}},
@@ -181,6 +170,28 @@ func BenchmarkLookup(b *testing.B) {
 				report(b, 0)
 			})
 		}
+	}
+}
+
+// baselinePaths opens the fixture's namespace directory (closed when b
+// ends) and returns it with each key's block path, NUL-terminated.
+func baselinePaths(b *testing.B, dir string, keys [][]byte) (int, [][]byte) {
+	nsFD, err := unix.Open(filepath.Join(dir, "default"), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { unix.Close(nsFD) })
+	paths := make([][]byte, len(keys))
+	for i := range paths {
+		paths[i] = append(blockstore.FanoutLayout{}.AppendPath(nil, keys[i]), 0)
+	}
+	return nsFD, paths
+}
+
+// fstatat returns a call of fstatat(2) relative to nsFD.
+func fstatat(nsFD int) func(p []byte, st *unix.Stat_t) {
+	return func(p []byte, st *unix.Stat_t) {
+		unix.Syscall6(unix.SYS_NEWFSTATAT, uintptr(nsFD), uintptr(unsafe.Pointer(&p[0])), uintptr(unsafe.Pointer(st)), 0, 0, 0)
 	}
 }
 
@@ -451,15 +462,7 @@ func BenchmarkLookupCold(b *testing.B) {
 		})
 	}
 	// Pools of goroutines calling fstatat over the same paths.
-	nsFD, err := unix.Open(filepath.Join(dir, "default"), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer unix.Close(nsFD)
-	paths := make([][]byte, lookupKeys)
-	for i := range paths {
-		paths[i] = append(blockstore.FanoutLayout{}.AppendPath(nil, keys[i]), 0)
-	}
+	nsFD, paths := baselinePaths(b, dir, keys)
 	for _, workers := range []int{16, 64} {
 		b.Run(fmt.Sprintf("engine=fstatat-pool%d", workers), func(b *testing.B) {
 			for b.Loop() {
@@ -468,9 +471,7 @@ func BenchmarkLookupCold(b *testing.B) {
 					b.Fatal(err)
 				}
 				b.StartTimer()
-				pool(paths, workers, func(p []byte, st *unix.Stat_t) {
-					unix.Syscall6(unix.SYS_NEWFSTATAT, uintptr(nsFD), uintptr(unsafe.Pointer(&p[0])), uintptr(unsafe.Pointer(st)), 0, 0, 0)
-				})
+				pool(paths, workers, fstatat(nsFD))
 			}
 			b.ReportMetric(float64(b.N)*lookupKeys/b.Elapsed().Seconds(), "keys/s")
 		})
