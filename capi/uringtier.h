@@ -154,7 +154,7 @@ const char *ut_last_error(void);
  *   cache_ttl=D           answer lookups this recent from memory; 0 = off [1s]
  *   cache_size=N          lookup cache entries [1048576]
  *   durability=none|data|full  fsync of stores [none]
- *   rings=N               io_uring instances [GOMAXPROCS/2, 1..4]
+ *   rings=N               io_uring instances [GOMAXPROCS, at most 8]
  *   ops_max=N             key operations in flight per ring [1024]
  *   workers_max=N         kernel worker threads per ring [64]
  *   sync_workers=N        the sync engine's threads [16]

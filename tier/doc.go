@@ -18,12 +18,15 @@
 //
 // # Threading
 //
-// Keys are spread by hash over shards. Each shard has one owner goroutine
-// that alone issues its IO: with the io_uring engine the owner is locked to
-// the OS thread that created its ring (IORING_SETUP_SINGLE_ISSUER and
-// DEFER_TASKRUN) and sleeps on the ring's eventfd in Go's netpoller, where
-// it holds no P; callers hand it work through a mutex-guarded inbox and the
-// same eventfd, never touching the ring. The sync engine's owner hands key
+// Keys are spread by hash over shards (a ring per CPU). Each shard has one
+// owner goroutine that alone issues its IO: with the io_uring engine on a
+// local filesystem it is an ordinary goroutine; on FUSE, NFS and unknown
+// filesystems, and with STATX lookups, it is locked to the OS thread that
+// created its ring (IORING_SETUP_SINGLE_ISSUER and DEFER_TASKRUN,
+// EngineInfo.OwnThreads). It sleeps on a channel when the kernel holds none
+// of its operations and otherwise on the ring's eventfd in Go's netpoller,
+// holding no P either way; callers hand it work through a mutex-guarded
+// inbox and wake it, never touching the ring. The sync engine's owner hands key
 // operations to a fixed pool of goroutines doing plain system calls. What
 // an operation does on disk is blockstore's Program, which both engines
 // execute (io_uring: one SQE per step); above the IO they share request
@@ -41,9 +44,9 @@
 // still use until the late completion arrives. A filesystem that holds
 // Options.BreakerThreshold operations past their deadlines opens the
 // breaker: new keys fail fast with ErrBreakerOpen, except one probe at a
-// time, until a probe is answered in time. Kernel worker threads per ring
-// are capped (Options.WorkersMax), so a hung NFS server cannot make the
-// kernel spawn a thread per request.
+// time, until a probe is answered in time. On network and FUSE filesystems
+// kernel worker threads per ring are capped (Options.WorkersMax), so a hung
+// NFS server cannot make the kernel spawn a thread per request.
 //
 // # Directories shared with others
 //

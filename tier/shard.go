@@ -69,7 +69,7 @@ type cacheEntry struct {
 // not with an atomic operation per key on memory every owner writes.
 type cacheHits struct {
 	n      int32
-	status [StatusSkipped + 1]uint64
+	status [statusKinds]uint64
 }
 
 // flush settles and counts r's keys answered from the cache.
