@@ -40,6 +40,7 @@ import (
 //	        ─ [WRITE header ─] WRITE payload ─ … [─ FSYNC] ─ CLOSE ─ RENAME tmp → block
 //	        then for a short write: WRITE the rest ─ … ─ CLOSE ─ RENAME; on failure: UNLINK tmp;
 //	        for DurabilityFull: OPEN dir ─ FSYNC ═ CLOSE for the block's directory (and its parents if created)
+//	delete: UNLINK block (a reader that opened it first reads it whole: the file lives until closed)
 //	(─ LinkOnSuccess, ═ LinkAlways; [header] in the framed format only)
 //
 // The READ past the block's end finds nothing in a valid block file: it is
@@ -61,6 +62,7 @@ const (
 	OpLookup Op = iota // is there a block for the key
 	OpLoad             // read and verify the block into the buffer
 	OpStore            // publish the buffer as the block
+	OpDelete           // remove the block
 )
 
 // StepOp is a step's system call.
@@ -114,6 +116,7 @@ const (
 	roleUnlink
 	roleExists // a raw store's STATX of the block: is one there already
 	roleRemove // a load's UNLINK of a corrupt block (CorruptRemove)
+	roleDelete // a delete's UNLINK of the block
 )
 
 // Step is one system call of a program's phase. The executor fills Res;
@@ -160,6 +163,7 @@ const (
 	StatusCorrupt        // load: the file is not a valid block of this key and size
 	StatusFailed         // the filesystem failed an operation; Err says which
 	StatusPresent        // store (raw format): a block was there already; nothing written
+	StatusDeleted        // delete: the block was removed
 )
 
 // Limits of a program.
@@ -417,6 +421,8 @@ func (p *Program) lay() {
 		s.Path, s.Path2, s.Abs2 = &p.path[0], &p.qpath[0], true
 	case p.Op == OpLoad && p.phase == phaseRemove:
 		p.add(StepUnlink, roleRemove, LinkNone).Path = &p.path[0]
+	case p.Op == OpDelete:
+		p.add(StepUnlink, roleDelete, LinkNone).Path = &p.path[0]
 	case p.Op == OpStore && p.phase == phaseExists:
 		p.add(StepStatx, roleExists, LinkNone).Path = &p.path[0]
 	case p.Op == OpStore && p.phase == phaseMain:
@@ -495,6 +501,15 @@ func (p *Program) Judge() bool {
 		}
 	case OpLoad:
 		return p.judgeLoad()
+	case OpDelete:
+		switch r := p.Steps[0].Res; r {
+		case 0:
+			return p.decide(StatusDeleted, nil)
+		case -int32(unix.ENOENT), -int32(unix.ESTALE):
+			return p.decide(StatusMissing, nil)
+		default:
+			return p.decide(StatusFailed, p.pathError(StepUnlink, p.path[:], syscall.Errno(-r)))
+		}
 	}
 	return p.judgeStore()
 }

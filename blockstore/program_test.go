@@ -87,7 +87,10 @@ func (f *fakeFS) call(p *Program, s *Step) int32 {
 			f.file = append([]byte(nil), f.tmp...)
 		}
 	case StepUnlink:
-		if s.role == roleRemove {
+		if s.role == roleRemove || s.role == roleDelete {
+			if f.file == nil {
+				return -int32(unix.ENOENT)
+			}
 			f.file = nil
 		}
 	}
@@ -159,6 +162,39 @@ func TestProgramLookup(t *testing.T) {
 			if c.want == StatusFailed {
 				assert.ErrorIs(t, p.Err, syscall.EIO)
 				assert.Contains(t, p.Err.Error(), "statx /ns/")
+			}
+		})
+	}
+}
+
+// TestProgramDelete: a delete is one UNLINK of the block's path; a block
+// already gone (or stale: replaced or removed by another host) is missing.
+func TestProgramDelete(t *testing.T) {
+	key := testKey(1, 32)
+	for _, c := range []struct {
+		name string
+		file []byte
+		fail map[int]int32
+		want Status
+	}{
+		{"there", []byte("x"), nil, StatusDeleted},
+		{"gone", nil, nil, StatusMissing},
+		{"stale", []byte("x"), map[int]int32{0: -int32(unix.ESTALE)}, StatusMissing},
+		{"read-only", []byte("x"), map[int]int32{0: -int32(unix.EROFS)}, StatusFailed},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var p Program
+			require.NoError(t, p.Start(testConfig(DurabilityNone), OpDelete, key, nil, nil, false))
+			f := &fakeFS{file: c.file, fail: c.fail}
+			phases := f.run(t, &p)
+			assert.Equal(t, [][]StepOp{{StepUnlink}}, phases)
+			assert.Equal(t, c.want, p.Status, "%v", p.Err)
+			if c.want == StatusDeleted {
+				assert.Nil(t, f.file, "the block is gone")
+			}
+			if c.want == StatusFailed {
+				assert.ErrorIs(t, p.Err, syscall.EROFS)
+				assert.Contains(t, p.Err.Error(), "unlinkat /ns/")
 			}
 		})
 	}

@@ -14,8 +14,8 @@ import (
 	"github.com/uringtier/uringtier/tier"
 )
 
-// TestFullDisk stores into a 1 MiB tmpfs: the stores that do not fit fail with a per-key error
-// wrapping ENOSPC while the others succeed, nothing partial is visible (no temporary file, no
+// TestFullDisk stores into a 1 MiB tmpfs: the stores that do not fit end StatusFull with a per-key
+// error wrapping ENOSPC while the others succeed, nothing partial is visible (no temporary file, no
 // corrupt block), and after eviction the failed stores succeed.
 func TestFullDisk(t *testing.T) {
 	const size = 64 << 10 // 16 blocks of 68 KiB files would need 1.06 MiB
@@ -36,7 +36,7 @@ func TestFullDisk(t *testing.T) {
 			switch k.Status {
 			case tier.StatusStored:
 				stored = append(stored, i)
-			case tier.StatusFailed:
+			case tier.StatusFull:
 				var pe *fs.PathError
 				require.True(t, errors.As(k.Err, &pe), "key %d: %T is not an *fs.PathError: %v", i, k.Err, k.Err)
 				require.ErrorIs(t, k.Err, syscall.ENOSPC, "key %d", i)

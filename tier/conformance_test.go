@@ -341,6 +341,36 @@ func TestStore(t *testing.T) {
 	})
 }
 
+// TestDelete removes blocks: each key ends deleted, or missing when there
+// was no block; later lookups and loads miss, also through the lookup
+// cache, which learns the delete.
+func TestDelete(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.LookupCacheTTL = time.Hour })
+		put(t, tr, 0, 1, 2)
+		require.NoError(t, tr.Lookup(1, testKeys(0, 1, 2)))
+		require.Equal(t, []Status{StatusFound, StatusFound, StatusFound}, statuses(await(t, tr, 1)[1]))
+		require.NoError(t, tr.Delete(2, testKeys(0, 1, 9)))
+		res := await(t, tr, 2)[2]
+		assert.Equal(t, OpDelete, res.Op)
+		assert.Equal(t, []Status{StatusDeleted, StatusDeleted, StatusMissing}, statuses(res))
+		assert.Equal(t, 2, res.Prefix, "deleted keys are successes")
+		for i, want := range []bool{false, false, true} {
+			ok, err := tr.BlockStore().Has(tr.Namespace(), testKey(i))
+			require.NoError(t, err)
+			assert.Equal(t, want, ok, "block %d on disk", i)
+		}
+		require.NoError(t, tr.Lookup(3, testKeys(0, 1, 2)))
+		assert.Equal(t, []Status{StatusMissing, StatusMissing, StatusFound}, statuses(await(t, tr, 3)[3]), "the cache learned the delete")
+		require.NoError(t, tr.Load(4, testKeys(0), [][]byte{make([]byte, testBlockSize)}))
+		assert.Equal(t, []Status{StatusMissing}, statuses(await(t, tr, 4)[4]))
+		st := tr.Stats()
+		assert.Equal(t, uint64(2), st.Outcomes[OpDelete][StatusDeleted])
+		assert.Equal(t, uint64(1), st.Outcomes[OpDelete][StatusMissing])
+		require.ErrorIs(t, tr.Delete(5, [][]byte{[]byte("short")}), ErrInvalid)
+	})
+}
+
 func assertNoTempFiles(t *testing.T, tr *Tier) {
 	t.Helper()
 	layout := tr.BlockStore().Layout()

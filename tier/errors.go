@@ -23,6 +23,10 @@ var (
 	ErrBreakerOpen = errors.New("tier: circuit breaker open, filesystem not answering")
 	// ErrCanceled is the Err of a key canceled by Cancel or Close.
 	ErrCanceled = errors.New("tier: canceled")
+	// ErrFull is the Err of a store refused before writing (StatusFull):
+	// the namespace is at Options.Capacity and the evictor cannot make
+	// room yet, or the filesystem reported no space.
+	ErrFull = errors.New("tier: full: no room for the block")
 	// ErrStuck is wrapped by Close's error when operations are still held
 	// by the filesystem at the context's deadline.
 	ErrStuck = errors.New("tier: operations stuck in the filesystem")

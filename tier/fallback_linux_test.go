@@ -28,6 +28,7 @@ var conformanceSuite = []struct {
 	{"TestLoadCorrupt", TestLoadCorrupt},
 	{"TestStore", TestStore},
 	{"TestStoreDirectoryVanished", TestStoreDirectoryVanished},
+	{"TestDelete", TestDelete},
 	{"TestBadInput", TestBadInput},
 	{"TestOpenRejectsBadOptions", TestOpenRejectsBadOptions},
 	{"TestBusyAtDepth", TestBusyAtDepth},

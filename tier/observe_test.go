@@ -260,7 +260,8 @@ func TestNoteQuarantine(t *testing.T) {
 }
 
 // TestFailureClasses stores into a FUSE filesystem that answers every write
-// with ENOSPC: the keys fail, and Stats counts them as FailureNoSpace.
+// with ENOSPC: the keys end StatusFull, and Stats counts them as
+// FailureNoSpace.
 func TestFailureClasses(t *testing.T) {
 	for _, c := range []struct {
 		err  error
@@ -286,7 +287,7 @@ func TestFailureClasses(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, tr.Store(1, testKeys(0, 1), [][]byte{testPayload(0), testPayload(1)}))
 		for _, k := range await(t, tr, 1)[1].Keys {
-			require.Equal(t, StatusFailed, k.Status)
+			require.Equal(t, StatusFull, k.Status)
 			require.ErrorIs(t, k.Err, syscall.ENOSPC)
 		}
 		assert.Positive(t, rule.Fired())

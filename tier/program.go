@@ -5,7 +5,7 @@ import "github.com/uringtier/uringtier/blockstore"
 // What both engines share to run blockstore's programs.
 
 // programOp maps a tier operation to the program that does it.
-var programOp = [...]blockstore.Op{OpLookup: blockstore.OpLookup, OpLoad: blockstore.OpLoad, OpStore: blockstore.OpStore}
+var programOp = [...]blockstore.Op{OpLookup: blockstore.OpLookup, OpLoad: blockstore.OpLoad, OpStore: blockstore.OpStore, OpDelete: blockstore.OpDelete}
 
 // tierStatus maps a program's outcome to a key's status.
 var tierStatus = [...]Status{
@@ -17,6 +17,7 @@ var tierStatus = [...]Status{
 	blockstore.StatusCorrupt: StatusCorrupt,
 	blockstore.StatusFailed:  StatusFailed,
 	blockstore.StatusPresent: StatusPresent,
+	blockstore.StatusDeleted: StatusDeleted,
 }
 
 // programConfig is the configuration of the tier's programs, with dirs

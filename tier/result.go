@@ -9,11 +9,12 @@ const (
 	OpLoad                  // read blocks into the caller's buffers
 	OpStore                 // write blocks from the caller's buffers
 	OpRelease               // the kernel has let go of a request's held buffers
+	OpDelete                // remove blocks
 )
 
-var opNames = [...]string{OpLookup: "lookup", OpLoad: "load", OpStore: "store", OpRelease: "release"}
+var opNames = [...]string{OpLookup: "lookup", OpLoad: "load", OpStore: "store", OpRelease: "release", OpDelete: "delete"}
 
-// String returns "lookup", "load", "store" or "release".
+// String returns "lookup", "load", "store", "release" or "delete".
 func (o Op) String() string {
 	if int(o) < len(opNames) && opNames[o] != "" {
 		return opNames[o]
@@ -24,8 +25,8 @@ func (o Op) String() string {
 // Status is the outcome of one key.
 type Status uint8
 
-// Key outcomes. Found, Loaded, Stored and Present are successes; the rest
-// are not.
+// Key outcomes. Found, Loaded, Stored, Present and Deleted are successes;
+// the rest are not.
 const (
 	StatusPending  Status = iota // no outcome yet (never seen in a Result)
 	StatusFound                  // lookup: the block exists
@@ -38,9 +39,16 @@ const (
 	StatusFailed                 // an IO error; Err is an *fs.PathError
 	StatusCanceled               // Cancel or Close ended it first
 	StatusSkipped                // prefix-only lookup: after a miss, not looked up
+	StatusDeleted                // delete: the block was removed (a delete of no block: StatusMissing)
+	// StatusFull: store: refused before writing, because the tier cannot
+	// make room (Options.Capacity: every block is younger than
+	// EvictMinAge, or the filesystem is full of other files), or the
+	// filesystem ran out of space (ENOSPC, EDQUOT: Err says so) and the
+	// temporary file was removed. Nothing of the block is left behind.
+	StatusFull
 )
 
-var statusNames = [...]string{"pending", "found", "loaded", "stored", "present", "missing", "corrupt", "timed-out", "failed", "canceled", "skipped"}
+var statusNames = [...]string{"pending", "found", "loaded", "stored", "present", "missing", "corrupt", "timed-out", "failed", "canceled", "skipped", "deleted", "full"}
 
 // String returns the status's name.
 func (s Status) String() string {
@@ -51,7 +59,7 @@ func (s Status) String() string {
 }
 
 // OK reports whether s is a success.
-func (s Status) OK() bool { return s >= StatusFound && s <= StatusPresent }
+func (s Status) OK() bool { return s >= StatusFound && s <= StatusPresent || s == StatusDeleted }
 
 // KeyResult is the outcome of one key of a request.
 type KeyResult struct {

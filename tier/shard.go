@@ -111,6 +111,7 @@ type shard struct {
 	free        []int32
 	inUse       int
 	stores      int              // of inUse
+	deletes     int              // of inUse
 	lookups     map[uint64]int32 // key hash -> lookup op, to share one op among requests
 	cache       map[uint64]cacheEntry
 	cacheEpoch  uint64
@@ -329,22 +330,35 @@ func (s *shard) mine(h uint64) bool {
 
 // storesMax is how many stores a shard has in flight at most: reads go to
 // the filesystem first, and a burst of stores must not fill the device's
-// queue ahead of them.
-const storesMax = 16
+// queue ahead of them. deletesMax is the same for deletes, which come
+// last: eviction must not stall the work it makes room for.
+const (
+	storesMax  = 16
+	deletesMax = 8
+)
 
 // startKeys starts the keys of queued requests while ops are free: those
-// of lookups and loads first, then those of stores.
+// of lookups and loads first, then those of stores, then deletes.
 func (s *shard) startKeys(now time.Time) {
-	s.startPass(now, false)
-	s.startPass(now, true)
+	s.startPass(now, OpLookup)
+	s.startPass(now, OpStore)
+	s.startPass(now, OpDelete)
 }
 
-// startPass starts the keys of the queued store requests (stores) or of
-// the others, in the order they came, and keeps the rest queued.
-func (s *shard) startPass(now time.Time, stores bool) {
+// passOf is the pass of startKeys that starts a request's keys.
+func passOf(o Op) Op {
+	if o == OpLoad {
+		return OpLookup
+	}
+	return o
+}
+
+// startPass starts the keys of the queued requests of one pass, in the
+// order they came, and keeps the rest queued.
+func (s *shard) startPass(now time.Time, pass Op) {
 	kept := s.work[:0]
 	for wi, r := range s.work {
-		if (r.op == OpStore) != stores {
+		if passOf(r.op) != pass {
 			kept = append(kept, r)
 			continue
 		}
@@ -387,7 +401,7 @@ func (s *shard) startPass(now time.Time, stores bool) {
 func (s *shard) startKey(r *request, i int, now time.Time) bool {
 	key, h := r.key(i), r.hashes[i]
 	ttl := s.t.opts.LookupCacheTTL
-	if ttl > 0 && r.op != OpLoad {
+	if ttl > 0 && (r.op == OpLookup || r.op == OpStore) {
 		if e, ok := s.cache[h]; ok && bytes.Equal(e.key[:e.keyLen], key) && now.Sub(s.epoch)-time.Duration(e.at) < ttl {
 			st := StatusPending
 			switch {
@@ -419,6 +433,10 @@ func (s *shard) startKey(r *request, i int, now time.Time) bool {
 			return true
 		}
 	}
+	if r.op == OpStore && s.t.full(now) {
+		s.t.setKey(r, i, StatusFull, ErrFull)
+		return true
+	}
 	probe := false
 	if s.breaker {
 		if s.probing {
@@ -427,11 +445,14 @@ func (s *shard) startKey(r *request, i int, now time.Time) bool {
 		}
 		probe = true
 	}
-	if len(s.free) == 0 || r.op == OpStore && s.stores >= storesMax {
+	if len(s.free) == 0 || r.op == OpStore && s.stores >= storesMax || r.op == OpDelete && s.deletes >= deletesMax {
 		return false
 	}
-	if r.op == OpStore {
+	switch r.op {
+	case OpStore:
 		s.stores++
+	case OpDelete:
+		s.deletes++
 	}
 	j := s.free[len(s.free)-1]
 	s.free = s.free[:len(s.free)-1]
@@ -440,7 +461,7 @@ func (s *shard) startKey(r *request, i int, now time.Time) bool {
 	o.keyLen = uint8(copy(o.key[:], key))
 	o.hash = h
 	o.buf, o.holder = nil, nil
-	if r.op != OpLookup {
+	if r.op == OpLoad || r.op == OpStore {
 		o.buf, o.holder = r.bufs[i], r
 	}
 	o.waiters = append(o.waiters[:0], waiter{r, int32(i)})
@@ -567,6 +588,18 @@ func (s *shard) finish(j int32, now time.Time) {
 			o.status, o.err = StatusCanceled, fmt.Errorf("%w: %w", ErrCanceled, o.err)
 		}
 	}
+	if o.kind == OpStore && o.status == StatusFailed && ClassifyFailure(o.err) == FailureNoSpace {
+		// The program removed its temporary file: nothing is left.
+		o.status = StatusFull
+		s.t.noteNoSpace()
+	}
+	switch {
+	case s.t.cap.limit.Load() == 0:
+	case o.status == StatusStored:
+		s.t.cap.usage.Add(s.t.fileSize())
+	case o.status == StatusDeleted:
+		s.t.cap.usage.Add(-s.t.fileSize())
+	}
 	s.remember(o, now)
 	if o.probe {
 		s.probing = false
@@ -593,8 +626,11 @@ func (s *shard) finish(j int32, now time.Time) {
 	o.buf, o.holder, o.err = nil, nil, nil
 	o.inUse = false
 	s.inUse--
-	if o.kind == OpStore {
+	switch o.kind {
+	case OpStore:
 		s.stores--
+	case OpDelete:
+		s.deletes--
 	}
 	s.inFlight.Store(int64(s.inUse))
 	s.free = append(s.free, j)
@@ -609,7 +645,7 @@ func (s *shard) remember(o *op, now time.Time) {
 	switch o.status {
 	case StatusFound, StatusLoaded, StatusStored, StatusPresent:
 		found = true
-	case StatusMissing, StatusCorrupt:
+	case StatusMissing, StatusCorrupt, StatusDeleted:
 		found = false
 	default:
 		return

@@ -13,8 +13,8 @@ import (
 )
 
 const (
-	opKinds      = int(OpRelease) + 1
-	statusKinds  = int(StatusSkipped) + 1
+	opKinds      = int(OpDelete) + 1
+	statusKinds  = int(StatusFull) + 1
 	failureKinds = int(FailureStale) + 1
 )
 
@@ -192,6 +192,10 @@ func (t *Tier) countOutcome(o Op, st Status, err error) {
 		c.bytesWritten.Add(uint64(t.opts.BlockSize))
 	case StatusFailed:
 		c.failures[o][ClassifyFailure(err)].Add(1)
+	case StatusFull:
+		if err != ErrFull { // the filesystem said so: ENOSPC or EDQUOT
+			c.failures[o][FailureNoSpace].Add(1)
+		}
 	}
 }
 

@@ -47,6 +47,7 @@ type Tier struct {
 	closeCh  chan struct{}    // closed when the first Close has finished
 
 	stats      statsCounters         // atomic; see stats.go
+	cap        capacity              // atomic; see capacity.go
 	cacheEpoch atomic.Uint64         // bumped to empty every shard's lookup cache
 	draining   atomic.Int32          // Close, and owners still waiting for the kernel after it: the last frees the buffers
 	broken     atomic.Pointer[error] // set once when an engine fails (ErrBroken): submits return it
@@ -357,6 +358,15 @@ func (t *Tier) Store(req uint64, keys [][]byte, bufs [][]byte) error {
 	return t.submit(req, OpStore, false, keys, bufs)
 }
 
+// Delete submits a batch removing blocks: each key ends StatusDeleted, or
+// StatusMissing if there was no block. Deletes go to the filesystem after
+// the lookups, loads and stores queued with them. A load that opened a
+// block before its delete reads it whole; one that comes after reports it
+// missing.
+func (t *Tier) Delete(req uint64, keys [][]byte) error {
+	return t.submit(req, OpDelete, false, keys, nil)
+}
+
 func (t *Tier) submit(id uint64, op Op, prefixOnly bool, keys [][]byte, bufs [][]byte) error {
 	// Closed first: after Close every call returns ErrClosed, also one
 	// that is invalid besides.
@@ -446,7 +456,10 @@ func (t *Tier) validate(op Op, keys [][]byte, bufs [][]byte) error {
 			return fmt.Errorf("%w: key %d: %w", ErrInvalid, i, err)
 		}
 	}
-	if op == OpLookup {
+	if op == OpLookup || op == OpDelete {
+		if bufs != nil {
+			return fmt.Errorf("%w: a %v takes no buffers", ErrInvalid, op)
+		}
 		return nil
 	}
 	if len(bufs) != len(keys) {

@@ -1,0 +1,44 @@
+package tier
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// capacity is what stores consult before they write: an estimate of the
+// namespace's usage against its limit (Options.Capacity), kept by the
+// evictor, and whether the filesystem has run out of space. Atomic: every
+// owner reads it.
+type capacity struct {
+	limit     atomic.Int64 // bytes; 0: no limit
+	usage     atomic.Int64 // bytes of blocks, as last counted plus this tier's stores since
+	fullUntil atomic.Int64 // Unix ns: the filesystem reported no space; stores are refused until then
+}
+
+// noSpaceFor is how long stores are refused after the filesystem reported
+// ENOSPC, unless the evictor finds room sooner.
+const noSpaceFor = time.Second
+
+// noteNoSpace records that a store met ENOSPC or EDQUOT: with a capacity
+// set, later stores fail fast (StatusFull) until the evictor sees room.
+func (t *Tier) noteNoSpace() {
+	if t.cap.limit.Load() > 0 {
+		t.cap.fullUntil.Store(time.Now().Add(noSpaceFor).UnixNano())
+	}
+}
+
+// full reports whether a store must be refused before it writes: the
+// namespace is at its capacity (and the evictor has not made room yet),
+// or the filesystem has no space.
+func (t *Tier) full(now time.Time) bool {
+	limit := t.cap.limit.Load()
+	if limit <= 0 {
+		return false
+	}
+	return t.cap.usage.Load()+t.fileSize() > limit || now.UnixNano() < t.cap.fullUntil.Load()
+}
+
+// fileSize is the size of one block's file.
+func (t *Tier) fileSize() int64 {
+	return t.opts.Format.PayloadOffset() + int64(t.opts.BlockSize)
+}
