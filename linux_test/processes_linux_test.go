@@ -54,6 +54,8 @@ func runChildRole() (int, bool) {
 				err = crashChild(dir, kind, seed)
 			case "mix":
 				err = mixChild(dir, kind, seed)
+			case "evict":
+				err = evictChild(dir, kind, seed)
 			default:
 				err = fmt.Errorf("unknown role %q", role)
 			}

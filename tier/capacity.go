@@ -13,6 +13,16 @@ type capacity struct {
 	limit     atomic.Int64 // bytes; 0: no limit
 	usage     atomic.Int64 // bytes of blocks, as last counted plus this tier's stores since
 	fullUntil atomic.Int64 // Unix ns: the filesystem reported no space; stores are refused until then
+
+	evicted      atomic.Uint64
+	evictedBytes atomic.Uint64
+	scans        atomic.Uint64
+	scanned      atomic.Int64 // blocks the running full scan has seen
+	rescanned    atomic.Uint64
+	held         atomic.Bool
+	holder       atomic.Pointer[string]
+	touches      atomic.Uint64
+	touchDropped atomic.Uint64
 }
 
 // noSpaceFor is how long stores are refused after the filesystem reported
@@ -22,20 +32,26 @@ const noSpaceFor = time.Second
 // noteNoSpace records that a store met ENOSPC or EDQUOT: with a capacity
 // set, later stores fail fast (StatusFull) until the evictor sees room.
 func (t *Tier) noteNoSpace() {
-	if t.cap.limit.Load() > 0 {
+	if t.capacityOn() {
 		t.cap.fullUntil.Store(time.Now().Add(noSpaceFor).UnixNano())
 	}
 }
+
+// capacityOn reports whether the tier bounds its usage.
+func (t *Tier) capacityOn() bool { return t.opts.Capacity > 0 || t.opts.CapacityShare > 0 }
 
 // full reports whether a store must be refused before it writes: the
 // namespace is at its capacity (and the evictor has not made room yet),
 // or the filesystem has no space.
 func (t *Tier) full(now time.Time) bool {
-	limit := t.cap.limit.Load()
-	if limit <= 0 {
+	if !t.capacityOn() {
 		return false
 	}
-	return t.cap.usage.Load()+t.fileSize() > limit || now.UnixNano() < t.cap.fullUntil.Load()
+	if now.UnixNano() < t.cap.fullUntil.Load() {
+		return true
+	}
+	limit := t.cap.limit.Load()
+	return limit > 0 && t.cap.usage.Load()+t.fileSize() > limit
 }
 
 // fileSize is the size of one block's file.

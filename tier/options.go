@@ -205,6 +205,38 @@ type Options struct {
 	// (a ring registers at most 16,384 buffers, one of them the tier's
 	// own) and 64 GiB in all.
 	Buffers int
+	// Capacity bounds the bytes of block files in the namespace directory,
+	// whoever wrote them; 0: no bound. With a bound, the tiers sharing the
+	// directory (processes, hosts) elect one evictor through a lock on
+	// <namespace>/~lease; when usage passes HighWatermark × Capacity it
+	// removes the least recently used blocks, through the engine's queue
+	// after all other work, down to LowWatermark × Capacity; and while
+	// usage is at Capacity (every block younger than EvictMinAge, or the
+	// evictor behind) or the filesystem lacks room for the stores in
+	// flight, stores are refused before writing: StatusFull, ErrFull.
+	// Every tier sharing the directory should set it: any may become the
+	// evictor, and each records its hits (TouchInterval). See evictor.go.
+	Capacity int64
+	// CapacityShare is the bound as a share (0 to 1) of the filesystem's
+	// size instead; at most one of Capacity and CapacityShare.
+	CapacityShare float64
+	// HighWatermark and LowWatermark are shares of the capacity (0 <
+	// low ≤ high ≤ 1): eviction starts above the high mark and stops at
+	// the low one. Defaults 0.9 and 0.8.
+	HighWatermark, LowWatermark float64
+	// EvictMinAge: blocks used (stored, found, loaded) more recently are
+	// never evicted. Default 10 s; negative: none.
+	EvictMinAge time.Duration
+	// EvictInterval is how often the evictor (or a tier waiting for the
+	// lease) looks: the takeover time when the evictor dies, and the
+	// staleness of usage between its rescans. Default 1 s.
+	EvictInterval time.Duration
+	// TouchInterval: a tier that finds, loads or re-offers a block sets
+	// the file's access time, at most once per block per interval, so
+	// that the evictor, in whichever process, sees the use (also on
+	// noatime mounts). Default 1 minute with a capacity, else off;
+	// negative: off. See recency.go.
+	TouchInterval time.Duration
 	// Logger receives the tier's state changes: the engine chosen and
 	// why, a fallback to the sync engine, the O_DIRECT probe's result, the
 	// circuit breaker opening and closing, corrupt blocks quarantined
@@ -251,6 +283,24 @@ func (o *Options) setDefaults() {
 	if o.IOTimeout == 0 {
 		o.IOTimeout = 30 * time.Second
 	}
+	if o.HighWatermark == 0 {
+		o.HighWatermark = 0.9
+	}
+	if o.LowWatermark == 0 {
+		o.LowWatermark = min(0.8, o.HighWatermark)
+	}
+	switch {
+	case o.EvictMinAge == 0:
+		o.EvictMinAge = 10 * time.Second
+	case o.EvictMinAge < 0:
+		o.EvictMinAge = 0
+	}
+	if o.EvictInterval == 0 {
+		o.EvictInterval = time.Second
+	}
+	if o.TouchInterval == 0 && (o.Capacity > 0 || o.CapacityShare > 0) {
+		o.TouchInterval = time.Minute
+	}
 	if o.Engine == EngineAuto {
 		if e, err := ParseEngine(os.Getenv(EngineEnv)); err == nil {
 			o.Engine = e
@@ -289,8 +339,12 @@ func (o *Options) validate() error {
 		return bad("Buffers %d of BlockSize %d map %d bytes (want at most %d)", o.Buffers, o.BlockSize, n, buffersSizeBound)
 	}
 	switch {
-	case o.LookupTimeout < 0 || o.IOTimeout < 0:
+	case o.LookupTimeout < 0 || o.IOTimeout < 0 || o.EvictInterval < 0:
 		return bad("negative duration")
+	case o.Capacity < 0 || o.CapacityShare < 0 || o.CapacityShare > 1 || o.Capacity > 0 && o.CapacityShare > 0:
+		return bad("Capacity %d, CapacityShare %v (want one of a byte count, a share from 0 to 1)", o.Capacity, o.CapacityShare)
+	case !(o.LowWatermark > 0 && o.LowWatermark <= o.HighWatermark && o.HighWatermark <= 1):
+		return bad("watermarks low %v, high %v (want 0 < low ≤ high ≤ 1)", o.LowWatermark, o.HighWatermark)
 	case o.Engine > EngineSync:
 		return bad("engine %v", o.Engine)
 	case o.Lookup > LookupMixed:

@@ -123,7 +123,8 @@ type shard struct {
 	stuckAtExit int
 	done        []int32
 	spare       []canceled
-	hits        cacheHits // keys of the request being started answered from the cache
+	hits        cacheHits        // keys of the request being started answered from the cache
+	touched     map[uint64]int64 // key hash -> when this shard last reported the block used (recency.go)
 
 	inFlight atomic.Int64 // ops in the backend, for Stats
 	queued   atomic.Int64 // requests waiting for op slots, for Stats
@@ -140,6 +141,7 @@ func newShard(t *Tier, idx int) *shard {
 		ops:     make([]op, t.opts.OpsMax),
 		lookups: make(map[uint64]int32),
 		cache:   make(map[uint64]cacheEntry),
+		touched: make(map[uint64]int64),
 	}
 	for i := range s.ops {
 		s.free = append(s.free, int32(len(s.ops)-1-i))
@@ -593,8 +595,12 @@ func (s *shard) finish(j int32, now time.Time) {
 		o.status = StatusFull
 		s.t.noteNoSpace()
 	}
+	switch o.status {
+	case StatusFound, StatusLoaded, StatusPresent:
+		s.noteUse(o, now)
+	}
 	switch {
-	case s.t.cap.limit.Load() == 0:
+	case !s.t.capacityOn():
 	case o.status == StatusStored:
 		s.t.cap.usage.Add(s.t.fileSize())
 	case o.status == StatusDeleted:

@@ -140,6 +140,28 @@ type Stats struct {
 	// (blockstore.CorruptRemove); RemoveFailed those they could not.
 	Removed      uint64
 	RemoveFailed uint64
+	// Capacity (Options.Capacity): the bound in bytes; the namespace's
+	// usage as this tier last knew it (counted by its evictor, or
+	// published by the one holding the lease, plus its own stores since);
+	// whether this tier is the evictor, and who is ("host pid N"; empty
+	// until known); blocks and bytes this tier evicted; its full scans,
+	// the blocks the running or last one has seen, and the directories it
+	// re-read since. Stores refused for want of room are
+	// Outcomes[OpStore][StatusFull].
+	CapacityLimit int64
+	Usage         int64
+	Evictor       bool
+	EvictorHolder string
+	Evicted       uint64
+	EvictedBytes  uint64
+	Scans         uint64
+	ScanBlocks    int64
+	DirsRescanned uint64
+	// Touches counts blocks whose access time this tier set to record a
+	// use (TouchInterval); TouchesDropped those it skipped because the
+	// toucher was behind.
+	Touches        uint64
+	TouchesDropped uint64
 }
 
 // LatencyQuantile returns quantile q (0..1) of op's kernel operation
@@ -171,6 +193,14 @@ func (t *Tier) Stats() Stats {
 	s.SubmitRetries = c.retries.Load()
 	s.Quarantined, s.QuarantineFailed = c.quarantined.Load(), c.quarantineFailed.Load()
 	s.Removed, s.RemoveFailed = c.removed.Load(), c.removeFailed.Load()
+	cp := &t.cap
+	s.CapacityLimit, s.Usage, s.Evictor = cp.limit.Load(), cp.usage.Load(), cp.held.Load()
+	if h := cp.holder.Load(); h != nil {
+		s.EvictorHolder = *h
+	}
+	s.Evicted, s.EvictedBytes = cp.evicted.Load(), cp.evictedBytes.Load()
+	s.Scans, s.ScanBlocks, s.DirsRescanned = cp.scans.Load(), cp.scanned.Load(), cp.rescanned.Load()
+	s.Touches, s.TouchesDropped = cp.touches.Load(), cp.touchDropped.Load()
 	for _, sh := range t.shards {
 		s.InFlight += int(sh.inFlight.Load())
 		s.Queued += int(sh.queued.Load())

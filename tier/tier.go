@@ -51,6 +51,11 @@ type Tier struct {
 	cacheEpoch atomic.Uint64         // bumped to empty every shard's lookup cache
 	draining   atomic.Int32          // Close, and owners still waiting for the kernel after it: the last frees the buffers
 	broken     atomic.Pointer[error] // set once when an engine fails (ErrBroken): submits return it
+
+	evictor   *evictor      // with a capacity; nil otherwise
+	touchC    chan touch    // blocks whose use owners report (TouchInterval)
+	touchStop chan struct{} // ends the toucher
+	touchDone chan struct{} // closed when the toucher has gone
 }
 
 type doneEntry struct {
@@ -108,6 +113,7 @@ type request struct {
 	held       int           // buffers still with the kernel; guarded by Tier.mu
 	heldPolled bool          // Poll returned the Result with Held > 0, so an OpRelease is owed; guarded by Tier.mu
 	slot       int32
+	own        chan<- *request // the tier's own request (the evictor's): its Result goes here, not to Poll
 }
 
 // resize returns s with length n and every element zero, reusing its
@@ -182,6 +188,15 @@ func Open(dir string, opts Options) (*Tier, error) {
 	}
 	if err := t.startEngine(); err != nil {
 		return nil, err
+	}
+	if t.opts.TouchInterval > 0 {
+		t.touchC, t.touchStop, t.touchDone = make(chan touch, touchQueue), make(chan struct{}), make(chan struct{})
+		go t.toucher(t.touchStop, t.touchDone)
+	}
+	if t.capacityOn() {
+		t.cap.limit.Store(t.opts.Capacity)
+		t.evictor = newEvictor(t)
+		go t.evictor.run()
 	}
 	return t, nil
 }
@@ -368,36 +383,59 @@ func (t *Tier) Delete(req uint64, keys [][]byte) error {
 }
 
 func (t *Tier) submit(id uint64, op Op, prefixOnly bool, keys [][]byte, bufs [][]byte) error {
+	_, err := t.submitTo(id, op, prefixOnly, keys, bufs, nil)
+	return err
+}
+
+// submitOwn submits a request of the tier's own: its Result is sent to
+// own (which must have room), never polled, and the receiver hands the
+// request back with releaseOwn.
+func (t *Tier) submitOwn(op Op, keys [][]byte, own chan<- *request) (*request, error) {
+	return t.submitTo(0, op, false, keys, nil, own)
+}
+
+// releaseOwn frees the slot of a finished request of the tier's own.
+func (t *Tier) releaseOwn(r *request) {
+	t.mu.Lock()
+	clear(r.bufs)
+	t.free = append(t.free, r.slot)
+	t.mu.Unlock()
+}
+
+func (t *Tier) submitTo(id uint64, op Op, prefixOnly bool, keys [][]byte, bufs [][]byte, own chan<- *request) (*request, error) {
 	// Closed first: after Close every call returns ErrClosed, also one
 	// that is invalid besides.
 	if t.closed.Load() {
-		return ErrClosed
+		return nil, ErrClosed
 	}
 	if err := t.broken.Load(); err != nil {
-		return *err
+		return nil, *err
 	}
 	start := time.Now()
 	if err := t.validate(op, keys, bufs); err != nil {
-		return err
+		return nil, err
 	}
 	t.mu.Lock()
 	if t.closed.Load() {
 		t.mu.Unlock()
-		return ErrClosed
+		return nil, ErrClosed
 	}
-	if _, dup := t.byID[id]; dup {
+	if _, dup := t.byID[id]; dup && own == nil {
 		t.mu.Unlock()
-		return fmt.Errorf("%w: request %d is already in flight", ErrInvalid, id)
+		return nil, fmt.Errorf("%w: request %d is already in flight", ErrInvalid, id)
 	}
 	if len(t.free) == 0 {
 		t.mu.Unlock()
 		t.stats.busy.Add(1)
-		return ErrBusy
+		return nil, ErrBusy
 	}
 	slot := t.free[len(t.free)-1]
 	t.free = t.free[:len(t.free)-1]
-	t.byID[id] = slot
 	r := &t.reqs[slot]
+	r.own = own
+	if own == nil {
+		t.byID[id] = slot
+	}
 	r.slot = slot
 	r.gen.Add(1)
 	r.published = false
@@ -429,7 +467,7 @@ func (t *Tier) submit(id uint64, op Op, prefixOnly bool, keys [][]byte, bufs [][
 	t.stats.keys[op].Add(uint64(len(keys)))
 	if len(keys) == 0 {
 		t.publish(r)
-		return nil
+		return r, nil
 	}
 	// Each shard with keys of r holds a reference, counted in remaining
 	// like a key, until it has let go of r: so r is published, and its
@@ -444,7 +482,7 @@ func (t *Tier) submit(id uint64, op Op, prefixOnly bool, keys [][]byte, bufs [][
 			s.enqueue(r)
 		}
 	}
-	return nil
+	return r, nil
 }
 
 func (t *Tier) validate(op Op, keys [][]byte, bufs [][]byte) error {
@@ -520,6 +558,11 @@ func (t *Tier) publish(r *request) {
 	t.stats.request[r.op].Record(time.Since(r.submitted))
 	t.mu.Lock()
 	r.published = true
+	if r.own != nil {
+		t.mu.Unlock()
+		r.own <- r
+		return
+	}
 	t.done = append(t.done, doneEntry{slot: r.slot})
 	t.mu.Unlock()
 	t.signal()
@@ -645,6 +688,16 @@ func (t *Tier) Close(ctx context.Context) error {
 	}
 	t.closed.Store(true)
 	t.mu.Unlock()
+	if e := t.evictor; e != nil {
+		// Before the shards stop: it may be waiting for their deletes. A
+		// scan in a hung filesystem is left behind (it lets go of the
+		// lease when the filesystem answers).
+		close(e.stop)
+		select {
+		case <-e.done:
+		case <-ctx.Done():
+		}
+	}
 	t.calls.Wait() // no submit or cancel is half-way to a shard
 	t.draining.Add(1)
 
@@ -668,6 +721,13 @@ func (t *Tier) Close(ctx context.Context) error {
 	if stuck > 0 {
 		t.closeErr = fmt.Errorf("tier: close: %w: %d operations still held by the filesystem", ErrStuck, stuck)
 		t.log.Warn("tier: closed with operations stuck in the filesystem; their buffers and the rings are released when it answers", "stuck", stuck)
+	}
+	if t.touchStop != nil {
+		close(t.touchStop) // touches queued now are dropped
+		select {
+		case <-t.touchDone:
+		case <-ctx.Done():
+		}
 	}
 	t.drained()
 	close(t.closeCh)

@@ -1,0 +1,519 @@
+package linux_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/uringtier/uringtier/blockstore"
+	"github.com/uringtier/uringtier/tier"
+)
+
+// Eviction across processes: children store new blocks at a steady rate into one directory with a
+// capacity, load random blocks of every child and check their bytes, and report what they saw.
+
+const (
+	evictEnv       = "URINGTIER_LINUX_TEST_EVICT" // "<id> <capacity bytes> <duration> <batches per second>"
+	evictBlockSize = 64 << 10
+	evictFileSize  = blockstore.HeaderSize + evictBlockSize
+	evictBatchKeys = 4
+	evictInterval  = 50 * time.Millisecond
+)
+
+// evictKey is key n of child id.
+func evictKey(id, n int) int { return id<<24 | n }
+
+// evictReport is what an evict child prints at its end, after "child: report ".
+type evictReport struct {
+	Stored, Loaded, Missing, Full int64
+	Evicted, EvictedBytes         uint64
+	Held                          [][2]int64 // Unix ns intervals in which the child held the lease
+	EvictedUnheld                 bool       // Evicted grew while the child did not hold the lease
+}
+
+// evictChild stores evictBatchKeys new blocks a tick and loads as many random ones, for the
+// duration, with a capacity. Every few milliseconds it samples its Stats and prints:
+// "child: evictor" when it takes the lease, "child: evicting" when it first removes blocks,
+// "child: progress <stored> <evicted>".
+func evictChild(dir string, kind tier.EngineKind, seed uint64) error {
+	var id, rate int
+	var capBytes int64
+	var dur time.Duration
+	if _, err := fmt.Sscan(os.Getenv(evictEnv), &id, &capBytes, &dur, &rate); err != nil {
+		return fmt.Errorf("%s=%q: %w", evictEnv, os.Getenv(evictEnv), err)
+	}
+	tr, err := tier.Open(dir, tier.Options{BlockSize: evictBlockSize, Engine: kind, Rings: 2, OpsMax: 64,
+		Capacity: capBytes, EvictInterval: evictInterval, EvictMinAge: -1, TouchInterval: 200 * time.Millisecond})
+	if err != nil {
+		return err
+	}
+	var rep evictReport
+	var mu sync.Mutex // guards rep's Held and EvictedUnheld, stdout
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		var holding, evicting bool
+		var start int64
+		var last uint64
+		for done := false; !done; {
+			select {
+			case <-stop:
+				done = true
+			case <-time.After(5 * time.Millisecond):
+			}
+			st := tr.Stats()
+			now := time.Now().UnixNano()
+			mu.Lock()
+			switch {
+			case st.Evictor && !holding:
+				holding, start = true, now
+				fmt.Println("child: evictor")
+			case !st.Evictor && holding:
+				holding = false
+				rep.Held = append(rep.Held, [2]int64{start, now})
+			}
+			if st.Evicted > last {
+				if !st.Evictor {
+					rep.EvictedUnheld = true
+				}
+				if !evicting {
+					evicting = true
+					fmt.Println("child: evicting")
+				}
+				last = st.Evicted
+			}
+			fmt.Printf("child: progress %d %d\n", st.Outcomes[tier.OpStore][tier.StatusStored], st.Evicted)
+			mu.Unlock()
+		}
+		if holding {
+			rep.Held = append(rep.Held, [2]int64{start, time.Now().UnixNano()})
+		}
+	}()
+
+	rng := rand.New(rand.NewPCG(seed, 5))
+	results := make([]tier.Result, 4)
+	sbufs, lbufs := buffers(evictBatchKeys, evictBlockSize), buffers(evictBatchKeys, evictBlockSize)
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	defer tick.Stop()
+	n := 0
+	var req uint64
+	for end := time.Now().Add(dur); time.Now().Before(end); <-tick.C {
+		idx := make([]int, evictBatchKeys)
+		for j := range idx {
+			idx[j] = evictKey(id, n)
+			copy(sbufs[j], payload(idx[j], evictBlockSize))
+			n++
+		}
+		req++
+		if err := tr.Store(req, keys(idx...), sbufs); err != nil {
+			return err
+		}
+		r, err := pollOne(tr, req, results)
+		if err != nil {
+			return err
+		}
+		for j, k := range r.Keys {
+			switch k.Status {
+			case tier.StatusStored:
+				rep.Stored++
+			case tier.StatusFull:
+				rep.Full++
+			default:
+				return fmt.Errorf("store of key %d: %v %v", idx[j], k.Status, k.Err)
+			}
+		}
+		for j := range idx {
+			idx[j] = evictKey(rng.IntN(3), rng.IntN(n))
+		}
+		req++
+		if err := tr.Load(req, keys(idx...), lbufs); err != nil {
+			return err
+		}
+		if r, err = pollOne(tr, req, results); err != nil {
+			return err
+		}
+		for j, k := range r.Keys {
+			switch k.Status {
+			case tier.StatusLoaded:
+				if string(lbufs[j]) != string(payload(idx[j], evictBlockSize)) {
+					return fmt.Errorf("seed %d: load of key %d returned wrong bytes", seed, idx[j])
+				}
+				rep.Loaded++
+			case tier.StatusMissing:
+				rep.Missing++
+			default:
+				return fmt.Errorf("load of key %d: %v %v", idx[j], k.Status, k.Err)
+			}
+		}
+	}
+	st := tr.Stats()
+	close(stop)
+	<-sampled
+	if err := tr.Close(context.Background()); err != nil {
+		return err
+	}
+	rep.Evicted, rep.EvictedBytes = st.Evicted, st.EvictedBytes
+	mu.Lock()
+	defer mu.Unlock()
+	out, err := json.Marshal(rep)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("child: report %s\n", out)
+	return nil
+}
+
+// evictChildProc is a running evict child and what its output said so far.
+type evictChildProc struct {
+	cmd      *exec.Cmd
+	mu       sync.Mutex
+	lines    []string
+	evictor  chan struct{} // closed at its first "child: evictor"
+	evicting chan struct{} // closed at its first "child: evicting"
+	stored   int64         // from its last progress line
+	evicted  uint64
+	report   *evictReport
+	stderr   strings.Builder
+	done     chan struct{} // its output has ended
+}
+
+func startEvictChild(t *testing.T, dir string, kind tier.EngineKind, seed uint64, id int, capBytes int64, dur time.Duration, rate int) *evictChildProc {
+	t.Helper()
+	cmd, err := childCommand("evict", dir, kind, seed)
+	require.NoError(t, err)
+	cmd.Env = append(cmd.Env, fmt.Sprintf("%s=%d %d %s %d", evictEnv, id, capBytes, dur, rate))
+	c := &evictChildProc{cmd: cmd, evictor: make(chan struct{}), evicting: make(chan struct{}), done: make(chan struct{})}
+	cmd.Stderr = &c.stderr
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	go c.read(stdout)
+	return c
+}
+
+func (c *evictChildProc) read(r io.Reader) {
+	defer close(c.done)
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	var once1, once2 sync.Once
+	for sc.Scan() {
+		line := sc.Text()
+		c.mu.Lock()
+		switch f := strings.Fields(line); {
+		case line == "child: evictor":
+			once1.Do(func() { close(c.evictor) })
+		case line == "child: evicting":
+			once2.Do(func() { close(c.evicting) })
+		case len(f) == 4 && f[1] == "progress":
+			c.stored, _ = strconv.ParseInt(f[2], 10, 64)
+			c.evicted, _ = strconv.ParseUint(f[3], 10, 64)
+		case strings.HasPrefix(line, "child: report "):
+			var rep evictReport
+			if json.Unmarshal([]byte(strings.TrimPrefix(line, "child: report ")), &rep) == nil {
+				c.report = &rep
+			}
+		default:
+			c.lines = append(c.lines, line)
+		}
+		c.mu.Unlock()
+	}
+}
+
+// wait waits for the child to exit by itself and returns its report.
+func (c *evictChildProc) wait(t *testing.T, name string) *evictReport {
+	t.Helper()
+	<-c.done
+	err := c.cmd.Wait()
+	require.NoError(t, err, "%s: %s %v", name, c.stderr.String(), c.lines)
+	require.NotNil(t, c.report, "%s printed no report: %v", name, c.lines)
+	return c.report
+}
+
+// usageSampler samples the namespace's usage with a walk every 50 ms until stop.
+func usageSampler(t *testing.T, dir string, stop <-chan struct{}) <-chan []int64 {
+	out := make(chan []int64, 1)
+	store, err := blockstore.Open(dir, blockstore.Options{})
+	require.NoError(t, err)
+	go func() {
+		var samples []int64
+		for {
+			select {
+			case <-stop:
+				out <- samples
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			us, err := store.Usage()
+			if err != nil {
+				continue
+			}
+			var total int64
+			for _, u := range us {
+				total += u.Bytes
+			}
+			samples = append(samples, total)
+		}
+	}()
+	return out
+}
+
+// TestEvictionAcrossProcesses: three processes store three times the capacity for 30 s into one
+// directory, each with the capacity set. Once usage has first passed the high mark it stays
+// between the low mark and the high mark plus one batch; the bytes removed, by all of them
+// together, are within 10% of the overshoot (bytes stored minus the final usage); only one process
+// evicts at a time; every load that reports a block returns its bytes. Each engine on a local
+// directory, and the io_uring engine on GlusterFS through two clients.
+func TestEvictionAcrossProcesses(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		kind    tier.EngineKind
+		gluster bool
+	}{{"uring", tier.EngineURing, false}, {"sync", tier.EngineSync, false}, {"gluster", tier.EngineURing, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			dirs := []string{t.TempDir()}
+			if c.gluster {
+				dirs = newGluster(t, 2, glusterCacheOn).Mounts
+			}
+			testEvictionAcrossProcesses(t, c.kind, dirs)
+		})
+	}
+}
+
+func testEvictionAcrossProcesses(t *testing.T, kind tier.EngineKind, dirs []string) {
+	const (
+		children = 3
+		capBytes = 32 << 20
+		dur      = 30 * time.Second
+	)
+	// 3 × capBytes over dur, in batches of evictBatchKeys blocks, spread over the children.
+	rate := int(3 * capBytes / evictFileSize / evictBatchKeys / int64(dur/time.Second) / children)
+	high, low := int64(0.9*capBytes), int64(0.8*capBytes)
+	batch := int64(evictBatchKeys * evictFileSize)
+	seed := uint64(time.Now().UnixNano())
+	stop := make(chan struct{})
+	samplesC := usageSampler(t, dirs[0], stop)
+	var procs []*evictChildProc
+	for i := range children {
+		procs = append(procs, startEvictChild(t, dirs[i%len(dirs)], kind, seed+uint64(i), i, capBytes, dur, rate))
+	}
+	var stored, removed int64
+	var held [][3]int64 // start, end, child
+	evictors := 0
+	for i, p := range procs {
+		rep := p.wait(t, fmt.Sprintf("seed %d child %d", seed, i))
+		t.Logf("child %d: %+v", i, *rep)
+		assert.False(t, rep.EvictedUnheld, "child %d evicted without the lease", i)
+		assert.Positive(t, rep.Loaded, "child %d loaded nothing", i)
+		stored += rep.Stored * evictFileSize
+		removed += int64(rep.EvictedBytes)
+		if rep.Evicted > 0 {
+			evictors++
+		}
+		for _, h := range rep.Held {
+			held = append(held, [3]int64{h[0], h[1], int64(i)})
+		}
+	}
+	close(stop)
+	samples := <-samplesC
+	store, err := blockstore.Open(dirs[0], blockstore.Options{})
+	require.NoError(t, err)
+	vs := verifyClean(t, store, "default", fmt.Sprintf("seed %d", seed))
+	final := vs.Bytes
+
+	// Only one process held the lease at a time (the intervals are sampled every 5 ms: a
+	// hand-over may look like an overlap of up to 10 ms).
+	for _, a := range held {
+		for _, b := range held {
+			if a[2] < b[2] {
+				overlap := min(a[1], b[1]) - max(a[0], b[0])
+				assert.LessOrEqual(t, overlap, int64(10*time.Millisecond), "seed %d: children %d and %d held the lease at once", seed, a[2], b[2])
+			}
+		}
+	}
+	overshoot := stored - final
+	t.Logf("seed %d: stored %d MiB, final usage %d MiB (low %d, high %d), removed %d MiB by %d evicting processes, overshoot %d MiB, %d usage samples",
+		seed, stored>>20, final>>20, low>>20, high>>20, removed>>20, evictors, overshoot>>20, len(samples))
+	require.Greater(t, stored, int64(2*capBytes), "the children stored too little to test anything")
+	assert.InEpsilon(t, overshoot, removed, 0.10, "bytes removed against the overshoot")
+	assert.Equal(t, 1, evictors, "processes that evicted")
+
+	// Usage after it first passed the high mark.
+	first := -1
+	for i, u := range samples {
+		if u > high {
+			first = i
+			break
+		}
+	}
+	require.GreaterOrEqual(t, first, 0, "usage never passed the high mark: %v", samples)
+	var lo, hi int64 = samples[first], samples[first]
+	for _, u := range samples[first:] {
+		lo, hi = min(lo, u), max(hi, u)
+	}
+	t.Logf("usage after the high mark: %.1f to %.1f MiB (low %.1f, high %.1f, a batch %.2f)",
+		float64(lo)/(1<<20), float64(hi)/(1<<20), float64(low)/(1<<20), float64(high)/(1<<20), float64(batch)/(1<<20))
+	assert.LessOrEqual(t, hi, high+batch, "usage above the high mark plus a batch")
+	assert.GreaterOrEqual(t, lo, low-batch, "usage below the low mark minus a batch")
+}
+
+// TestEvictorKilled: the evicting process is SIGKILLed while it evicts; another takes the lease
+// and evicts within 5 s; afterwards every block on disk is whole, and every block stored is on
+// disk or was evicted.
+func TestEvictorKilled(t *testing.T) {
+	const (
+		capBytes = 8 << 20
+		dur      = 8 * time.Second
+		rate     = 20
+	)
+	dir := t.TempDir()
+	seed := uint64(time.Now().UnixNano())
+	var procs []*evictChildProc
+	for i := range 3 {
+		procs = append(procs, startEvictChild(t, dir, tier.EngineURing, seed+uint64(i), i, capBytes, dur, rate))
+	}
+	// The first to evict is the evictor: kill it as it evicts.
+	killed := -1
+	cases := make([]chan struct{}, 3)
+	for i, p := range procs {
+		cases[i] = p.evicting
+	}
+	select {
+	case <-cases[0]:
+		killed = 0
+	case <-cases[1]:
+		killed = 1
+	case <-cases[2]:
+		killed = 2
+	case <-time.After(dur):
+		t.Fatal("no child evicted")
+	}
+	victim := procs[killed]
+	require.NoError(t, victim.cmd.Process.Signal(syscall.SIGKILL))
+	at := time.Now()
+	<-victim.done
+	victim.cmd.Wait()
+	victim.mu.Lock()
+	killedStored, killedEvicted := victim.stored, victim.evicted
+	victim.mu.Unlock()
+
+	var others []*evictChildProc
+	for i, p := range procs {
+		if i != killed {
+			others = append(others, p)
+		}
+	}
+	select {
+	case <-others[0].evictor:
+	case <-others[1].evictor:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("seed %d: no process took the lease within 5 s of the evictor's death", seed)
+	}
+	took := time.Since(at)
+	var stored, evicted int64 = killedStored, int64(killedEvicted)
+	newEvictors := 0
+	for i, p := range others {
+		rep := p.wait(t, fmt.Sprintf("seed %d survivor %d", seed, i))
+		assert.False(t, rep.EvictedUnheld)
+		stored += rep.Stored
+		evicted += int64(rep.Evicted)
+		if rep.Evicted > 0 {
+			newEvictors++
+		}
+	}
+	store, err := blockstore.Open(dir, blockstore.Options{})
+	require.NoError(t, err)
+	vs := verifyClean(t, store, "default", fmt.Sprintf("seed %d", seed))
+	t.Logf("seed %d: killed child %d after it evicted %d; a survivor took the lease %v later; %d blocks stored, %d evicted, %d on disk",
+		seed, killed, killedEvicted, took.Round(time.Millisecond), stored, evicted, vs.Blocks)
+	assert.Equal(t, 1, newEvictors, "survivors that evicted")
+	// The killed child's last counts lag its death by up to 5 ms and one delete batch (256).
+	assert.InDelta(t, stored, vs.Blocks+evicted, 256+2*evictBatchKeys, "blocks stored against blocks on disk plus evicted: lost or unaccounted")
+	cs, err := store.Clean(0)
+	require.NoError(t, err)
+	t.Logf("Clean removed %d temporary files of the killed child", cs.Removed)
+}
+
+// TestRecencyOnNoatime: on a tmpfs mounted noatime, where reads leave the access time alone, a
+// block read every 200 ms survives while the blocks stored with it, never read, are evicted.
+func TestRecencyOnNoatime(t *testing.T) {
+	engines(t, func(t *testing.T, kind tier.EngineKind) {
+		needRoot(t, "mounting a tmpfs")
+		dir := t.TempDir()
+		require.NoError(t, unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOATIME, "size=64m"))
+		unmountLater(t, dir)
+		const capBlocks = 20 // high mark 18 blocks, low 16
+		tr := openTier(t, kind, dir, func(o *tier.Options) {
+			o.Capacity = capBlocks * (blockstore.HeaderSize + blockSize)
+			o.EvictInterval, o.EvictMinAge, o.TouchInterval = 20*time.Millisecond, -1, 100*time.Millisecond
+		})
+		// The mount is noatime: a plain read leaves the access time.
+		require.NoError(t, tr.BlockStore().Put(tr.Namespace(), key(999), payload(999, blockSize)))
+		b, err := tr.BlockStore().Stat(tr.Namespace(), key(999))
+		require.NoError(t, err)
+		old := time.Now().Add(-time.Hour)
+		require.NoError(t, os.Chtimes(b.Path, old, old))
+		_, err = os.ReadFile(b.Path)
+		require.NoError(t, err)
+		b, err = tr.BlockStore().Stat(tr.Namespace(), key(999))
+		require.NoError(t, err)
+		require.Equal(t, old.Unix(), b.AccessTime.Unix(), "a read changed the access time: not a noatime mount")
+
+		// Ten blocks of one age; block 0 is read every 200 ms while new blocks keep coming.
+		bufs := make([][]byte, 10)
+		for i := range bufs {
+			bufs[i] = payload(i, blockSize)
+		}
+		require.NoError(t, tr.Store(1, keyRange(0, 10), bufs))
+		for _, s := range statuses(await(t, tr, 1)[1]) {
+			require.Equal(t, tier.StatusStored, s)
+		}
+		lbuf := buffers(1, blockSize)
+		next := 10
+		for req := uint64(2); next < 40; req += 2 {
+			time.Sleep(200 * time.Millisecond)
+			require.NoError(t, tr.Load(req, keys(0), lbuf))
+			require.Equal(t, []tier.Status{tier.StatusLoaded}, statuses(await(t, tr, req)[req]))
+			require.NoError(t, tr.Store(req+1, keyRange(next, next+2), [][]byte{payload(next, blockSize), payload(next+1, blockSize)}))
+			await(t, tr, req+1)
+			next += 2
+		}
+		st := waitEvicted(t, tr)
+		for i := range 10 {
+			ok, err := tr.BlockStore().Has(tr.Namespace(), key(i))
+			require.NoError(t, err)
+			if i == 0 {
+				assert.True(t, ok, "the block read every 200 ms was evicted")
+			} else {
+				assert.False(t, ok, "block %d, never read, outlived the one read", i)
+			}
+		}
+		t.Logf("evicted %d blocks, %d touches", st.Evicted, st.Touches)
+	})
+}
+
+// waitEvicted waits until tr's evictor has brought usage to its low mark.
+func waitEvicted(t *testing.T, tr *tier.Tier) tier.Stats {
+	t.Helper()
+	var st tier.Stats
+	require.Eventually(t, func() bool {
+		st = tr.Stats()
+		return st.Evicted > 0 && st.Usage <= int64(0.9*float64(st.CapacityLimit))
+	}, 10*time.Second, 10*time.Millisecond)
+	return st
+}

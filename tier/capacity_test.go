@@ -1,0 +1,167 @@
+package tier
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/uringtier/uringtier/blockstore"
+)
+
+// testFileSize is the size of a framed test block's file.
+const testFileSize = blockstore.HeaderSize + testBlockSize
+
+// ageBlocks sets the times of the blocks idx to base + i seconds, so that
+// a lower index is less recently used.
+func ageBlocks(t *testing.T, tr *Tier, base time.Time, idx ...int) {
+	t.Helper()
+	for _, i := range idx {
+		b, err := tr.BlockStore().Stat(tr.Namespace(), testKey(i))
+		require.NoError(t, err)
+		at := base.Add(time.Duration(i) * time.Second)
+		require.NoError(t, os.Chtimes(b.Path, at, at))
+	}
+}
+
+// present returns which of the blocks 0..n-1 are on disk.
+func present(t *testing.T, tr *Tier, n int) []bool {
+	t.Helper()
+	out := make([]bool, n)
+	for i := range out {
+		ok, err := tr.BlockStore().Has(tr.Namespace(), testKey(i))
+		require.NoError(t, err)
+		out[i] = ok
+	}
+	return out
+}
+
+// waitStats polls tr's Stats until cond holds, for at most 10 s: a bound
+// on liveness, not a measure of speed.
+func waitStats(t *testing.T, tr *Tier, what string, cond func(Stats) bool) Stats {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st := tr.Stats()
+		if cond(st) {
+			return st
+		}
+		require.True(t, time.Now().Before(deadline), "%s: never happened; stats %+v", what, st)
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func capacityOptions(blocks int) func(*Options) {
+	return func(o *Options) {
+		o.Capacity = int64(blocks) * testFileSize
+		o.EvictInterval = 10 * time.Millisecond
+		o.EvictMinAge = -1
+	}
+}
+
+// TestCapacityEvictsLRU: a namespace over its high mark is brought down to
+// its low mark by removing the least recently used blocks, exactly; a
+// block the tier loads since is kept (its use was recorded on the file),
+// and the next least recently used go instead.
+func TestCapacityEvictsLRU(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		dir := t.TempDir()
+		// Capacity 20 blocks: high mark 18, low mark 16. 24 blocks: 8 go.
+		seed := openTier(t, kind, dir, nil)
+		idx := make([]int, 24)
+		for i := range idx {
+			idx[i] = i
+		}
+		put(t, seed, idx...)
+		base := time.Now().Add(-time.Hour)
+		ageBlocks(t, seed, base, idx...)
+		require.NoError(t, seed.Close(context.Background()))
+
+		tr := openTier(t, kind, dir, capacityOptions(20))
+		st := waitStats(t, tr, "eviction to the low mark", func(s Stats) bool { return s.Evicted == 8 && s.Usage == 16*testFileSize })
+		assert.Equal(t, uint64(8*testFileSize), st.EvictedBytes)
+		assert.True(t, st.Evictor)
+		assert.Equal(t, uint64(1), st.Scans)
+		assert.Equal(t, int64(24), st.ScanBlocks)
+		want := make([]bool, 24)
+		for i := 8; i < 24; i++ {
+			want[i] = true
+		}
+		assert.Equal(t, want, present(t, tr, 24), "the 8 least recently used went")
+
+		// Block 8 is now the least recently used; a load marks it used.
+		require.NoError(t, tr.Load(1, testKeys(8), [][]byte{make([]byte, testBlockSize)}))
+		require.Equal(t, []Status{StatusLoaded}, statuses(await(t, tr, 1)[1]))
+		waitStats(t, tr, "the load's touch", func(s Stats) bool { return s.Touches == 1 })
+		// Three new blocks: 19 > 18, so 3 go: 9, 10 and 11, not 8.
+		require.NoError(t, tr.Store(2, testKeys(24, 25, 26), [][]byte{testPayload(24), testPayload(25), testPayload(26)}))
+		require.Equal(t, []Status{StatusStored, StatusStored, StatusStored}, statuses(await(t, tr, 2)[2]))
+		waitStats(t, tr, "the second eviction", func(s Stats) bool { return s.Evicted == 11 })
+		got := present(t, tr, 27)
+		assert.True(t, got[8], "the block loaded since the scan was evicted")
+		assert.Equal(t, []bool{false, false, false}, got[9:12], "the next least recently used stayed")
+		assert.Equal(t, []bool{true, true, true}, got[24:27], "new blocks went")
+		assert.Equal(t, int64(16*testFileSize), tr.Stats().Usage)
+	})
+}
+
+// TestCapacityFull: when every block is younger than EvictMinAge, nothing
+// can go, and stores at the capacity are refused before they write.
+func TestCapacityFull(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		tr := openTier(t, kind, t.TempDir(), func(o *Options) {
+			capacityOptions(10)(o)
+			o.EvictMinAge = time.Hour
+		})
+		idx := make([]int, 10)
+		bufs := make([][]byte, 10)
+		for i := range idx {
+			idx[i], bufs[i] = i, testPayload(i)
+		}
+		require.NoError(t, tr.Store(1, testKeys(idx...), bufs))
+		for _, s := range statuses(await(t, tr, 1)[1]) {
+			require.Equal(t, StatusStored, s)
+		}
+		waitStats(t, tr, "usage counted", func(s Stats) bool { return s.Scans > 0 && s.Usage == 10*testFileSize })
+		require.NoError(t, tr.Store(2, testKeys(10, 11), bufs[:2]))
+		r := await(t, tr, 2)[2]
+		for _, k := range r.Keys {
+			require.Equal(t, StatusFull, k.Status)
+			require.ErrorIs(t, k.Err, ErrFull)
+		}
+		assert.Equal(t, []bool{false, false}, present(t, tr, 12)[10:], "a refused store wrote its block")
+		assertNoTempFiles(t, tr)
+		st := tr.Stats()
+		assert.Equal(t, uint64(2), st.Outcomes[OpStore][StatusFull])
+		assert.Zero(t, st.Evicted, "evicted blocks younger than EvictMinAge")
+		assert.Zero(t, st.Failures[OpStore][FailureNoSpace], "ErrFull is not the filesystem's")
+		t.Logf("refused store of 2 keys: %v, submit to result", st.RequestLatency[OpStore].Quantile(0))
+	})
+}
+
+// TestOneEvictor: of two tiers on one directory, one holds the lease and
+// evicts; when it closes, the other takes over.
+func TestOneEvictor(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		dir := t.TempDir()
+		a := openTier(t, kind, dir, capacityOptions(1000))
+		b := openTier(t, kind, dir, capacityOptions(1000))
+		waitStats(t, a, "an evictor", func(Stats) bool { return a.Stats().Evictor || b.Stats().Evictor })
+		holder, other := a, b
+		if b.Stats().Evictor {
+			holder, other = b, a
+		}
+		// A few intervals on, still exactly one.
+		time.Sleep(50 * time.Millisecond)
+		require.True(t, holder.Stats().Evictor)
+		require.False(t, other.Stats().Evictor, "two evictors")
+		assert.NotEmpty(t, other.Stats().EvictorHolder, "the other does not know the holder")
+		put(t, other, 1, 2, 3)
+		waitStats(t, other, "the usage published by the holder", func(s Stats) bool { return s.Usage == 3*testFileSize })
+		require.NoError(t, holder.Close(context.Background()))
+		waitStats(t, other, "a takeover", func(s Stats) bool { return s.Evictor })
+	})
+}

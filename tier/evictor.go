@@ -1,0 +1,284 @@
+package tier
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/uringtier/uringtier/blockstore"
+)
+
+// The evictor keeps the namespace within Options.Capacity while the tier
+// serves. Every tier with a capacity runs one; among all the tiers that
+// share the namespace directory (processes, hosts), the one holding the
+// directory's lease (blockstore.TryLease: a lock that NFSv4 and GlusterFS
+// servers hold for the client) is the evictor, and the others neither scan
+// nor delete: they try for the lease every EvictInterval, so one takes
+// over within about that when the holder dies, and read the usage the
+// holder publishes in the lease file, to refuse stores when it is full.
+//
+// The holder scans the tree once (blockstore.Index), then, every
+// EvictInterval, re-reads only the directories whose mtime changed —
+// unless statfs shows that the whole filesystem uses less than the high
+// mark, when nothing can be over it. Above the high mark it takes the
+// least recently used blocks older than EvictMinAge, re-reads each one's
+// times (another process may have used it: see recency.go), and deletes
+// them through the engine's queue, after every lookup, load and store
+// queued (OpDelete, a batch of evictBatch at a time), down to the low
+// mark. A load that opened a block before its removal reads it whole; one
+// that comes after finds it missing.
+
+// evictBatch is the most blocks one delete request of the evictor removes.
+const evictBatch = 256
+
+type evictor struct {
+	t       *Tier
+	stop    chan struct{}
+	done    chan struct{}
+	holder  string
+	lease   *blockstore.Lease
+	index   *blockstore.Index
+	victims []blockstore.Victim
+	own     chan *request
+	keys    [][]byte
+	dirty   bool // the index may miss changes: Refresh before trusting it
+	state   []byte
+}
+
+func newEvictor(t *Tier) *evictor {
+	host, _ := os.Hostname()
+	return &evictor{
+		t:      t,
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
+		holder: fmt.Sprintf("%s pid %d", host, os.Getpid()),
+		own:    make(chan *request, 1),
+	}
+}
+
+// run is the evictor's goroutine, until stop.
+func (e *evictor) run() {
+	defer close(e.done)
+	defer e.release()
+	tick := time.NewTicker(e.t.opts.EvictInterval)
+	defer tick.Stop()
+	for {
+		e.tick(time.Now())
+		select {
+		case <-e.stop:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (e *evictor) stopped() bool {
+	select {
+	case <-e.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// release gives up the lease.
+func (e *evictor) release() {
+	if e.lease != nil {
+		e.lease.Close()
+		e.lease, e.index = nil, nil
+		e.t.cap.held.Store(false)
+	}
+}
+
+// marks returns the capacity and its high and low marks in bytes.
+func (e *evictor) marks() (limit, high, low int64) {
+	limit = e.t.cap.limit.Load()
+	return limit, int64(float64(limit) * e.t.opts.HighWatermark), int64(float64(limit) * e.t.opts.LowWatermark)
+}
+
+func (e *evictor) tick(now time.Time) {
+	t := e.t
+	fsUsed := int64(-1)
+	var sf unix.Statfs_t
+	if err := unix.Statfs(t.nsDir, &sf); err == nil {
+		total, free := int64(sf.Blocks)*sf.Bsize, int64(sf.Bavail)*sf.Bsize
+		fsUsed = total - int64(sf.Bfree)*sf.Bsize
+		if s := t.opts.CapacityShare; s > 0 {
+			t.cap.limit.Store(int64(s * float64(total)))
+		}
+		// Room for the stores each ring may have in flight, or none are
+		// admitted: the disk is full of other files.
+		if free < t.fileSize()*storesMax*int64(len(t.shards)) {
+			t.cap.fullUntil.Store(now.Add(2 * t.opts.EvictInterval).UnixNano())
+		} else {
+			t.cap.fullUntil.Store(0)
+		}
+	}
+	if e.lease == nil && !e.takeLease() {
+		return
+	}
+	if err := e.lease.Check(); err != nil {
+		t.log.Warn("tier: evictor: lost the lease", "err", err)
+		e.release()
+		return
+	}
+	_, high, low := e.marks()
+	if e.index == nil {
+		if !e.scan() {
+			return
+		}
+	} else if e.dirty || fsUsed < 0 || fsUsed > high {
+		rs, err := e.index.Refresh()
+		t.cap.rescanned.Add(uint64(rs.Changed))
+		if err != nil {
+			t.log.Warn("tier: evictor: rescan failed", "err", err)
+			return
+		}
+		e.dirty = false
+	}
+	_, usage := e.index.Usage()
+	t.cap.usage.Store(usage)
+	if usage > high {
+		e.evict(usage-low, now)
+		_, usage = e.index.Usage()
+		t.cap.usage.Store(usage)
+		e.dirty = true // it deleted: its own changes
+	}
+	e.publish(usage, now)
+}
+
+// takeLease tries for the lease; without it, it learns the holder's
+// published usage.
+func (e *evictor) takeLease() bool {
+	t := e.t
+	l, err := blockstore.TryLease(t.nsDir, e.holder)
+	if err == nil {
+		e.lease = l
+		t.cap.held.Store(true)
+		t.cap.holder.Store(&e.holder)
+		t.log.Info("tier: evictor: holding the lease", "holder", e.holder)
+		return true
+	}
+	if !errors.Is(err, blockstore.ErrLeaseHeld) {
+		t.log.Warn("tier: evictor: lease", "err", err)
+		return false
+	}
+	holder, state, err := blockstore.ReadLease(t.nsDir)
+	if err != nil {
+		return false
+	}
+	t.cap.holder.Store(&holder)
+	if usage, ok := parseState(state); ok {
+		t.cap.usage.Store(usage)
+	}
+	return false
+}
+
+// scan builds the index with one walk of the tree.
+func (e *evictor) scan() bool {
+	t := e.t
+	idx, err := t.store.NewIndex(t.opts.Namespace)
+	if err == nil {
+		err = idx.Scan(func(blocks, _ int64) { t.cap.scanned.Store(blocks) })
+	}
+	if err != nil {
+		t.log.Warn("tier: evictor: scan failed", "err", err)
+		return false
+	}
+	e.index = idx
+	t.cap.scans.Add(1)
+	blocks, bytes := idx.Usage()
+	t.log.Info("tier: evictor: scanned", "blocks", blocks, "bytes", bytes)
+	return true
+}
+
+// evict removes least recently used blocks worth need bytes.
+func (e *evictor) evict(need int64, now time.Time) {
+	t := e.t
+	e.victims = e.index.Victims(need, t.opts.EvictMinAge, now, e.victims[:0])
+	var freed int64
+	batch := e.victims[:0:0]
+	flush := func() bool {
+		if len(batch) == 0 {
+			return true
+		}
+		n, ok := e.delete(batch)
+		freed += n
+		batch = batch[:0]
+		return ok
+	}
+	for i := range e.victims {
+		if freed >= need || e.stopped() {
+			break
+		}
+		v := &e.victims[i]
+		if ok, err := e.index.Recheck(v); err != nil || !ok {
+			continue
+		}
+		batch = append(batch, *v)
+		if len(batch) == evictBatch && !flush() {
+			return
+		}
+	}
+	flush()
+}
+
+// delete removes the blocks of vs through the engine and returns the
+// bytes freed, and false if the tier refused or is closing.
+func (e *evictor) delete(vs []blockstore.Victim) (int64, bool) {
+	t := e.t
+	e.keys = e.keys[:0]
+	for _, v := range vs {
+		e.keys = append(e.keys, v.Key)
+	}
+	r, err := t.submitOwn(OpDelete, e.keys, e.own)
+	if err != nil {
+		return 0, false
+	}
+	select {
+	case <-e.own:
+	case <-e.stop:
+		return 0, false
+	}
+	var freed int64
+	for i, k := range r.res {
+		switch k.Status {
+		case StatusDeleted:
+			freed += vs[i].Size
+			t.cap.evicted.Add(1)
+			t.cap.evictedBytes.Add(uint64(vs[i].Size))
+			e.index.Forget(vs[i])
+		case StatusMissing:
+			e.index.Forget(vs[i])
+		}
+	}
+	t.releaseOwn(r)
+	return freed, true
+}
+
+// publish writes the usage into the lease file for the other tiers.
+func (e *evictor) publish(usage int64, now time.Time) {
+	e.state = append(e.state[:0], "usage "...)
+	e.state = strconv.AppendInt(e.state, usage, 10)
+	e.state = append(e.state, " at "...)
+	e.state = strconv.AppendInt(e.state, now.UnixNano(), 10)
+	e.state = append(e.state, '\n')
+	if err := e.lease.Publish(e.state); err != nil {
+		e.t.log.Warn("tier: evictor: publish", "err", err)
+	}
+}
+
+// parseState reads the usage out of a published state.
+func parseState(state []byte) (int64, bool) {
+	f := bytes.Fields(state)
+	if len(f) < 2 || string(f[0]) != "usage" {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(string(f[1]), 10, 64)
+	return n, err == nil
+}
