@@ -79,11 +79,15 @@ type Lease struct {
 // leaseID is a lease file's identity, for the classic-lock registry.
 type leaseID struct{ dev, ino uint64 }
 
+// leaseLockCmd is the lock TryLease tries first: F_OFD_SETLK; tests set
+// F_SETLK to exercise the fallback on filesystems that take OFD locks.
+var leaseLockCmd = unix.F_OFD_SETLK
+
 // classic registers the Leases held with classic POSIX locks, which the
 // kernel does not tell apart within a process. classicMu is held across
 // the open and the close of every descriptor this package opens on a lease
 // file, so that none closes a descriptor of a file this process holds a
-// classic lock on.
+// classic lock on. classicMu comes before a Lease's mu.
 var (
 	classicMu sync.Mutex
 	classic   = map[leaseID]*Lease{}
@@ -140,7 +144,7 @@ func tryLeaseOnce(path, holder string) (l *Lease, retry bool, err error) {
 	if err := CheckRegular(st.Mode); err != nil {
 		return fail("lease", err)
 	}
-	cmd := unix.F_OFD_SETLK
+	cmd := leaseLockCmd
 	err = setLeaseLock(fd, cmd, unix.F_WRLCK)
 	if err == unix.EINVAL {
 		cmd = unix.F_SETLK
