@@ -333,7 +333,10 @@ func (l *Lease) Close() error {
 // ReadLease reads the lease file of dir: the holder's line (without its
 // newline) and the state last published. It opens, reads and closes the
 // file, so that NFS's close-to-open consistency shows the latest content
-// the holder synced. A missing file is an error wrapping fs.ErrNotExist;
+// the holder synced. A FUSE client that caches attributes and content
+// (GlusterFS's defaults: attribute-timeout and md-cache 1 s) may show the
+// content of up to about a second before, which a test measures; with those
+// caches off it shows the latest at once. A missing file is an error wrapping fs.ErrNotExist;
 // a file whose holder is still writing its line reads as holder "" and no
 // state. ReadLease neither takes nor tests the lock: that the file names
 // a holder does not mean the holder lives.
