@@ -72,6 +72,7 @@ type Index struct {
 	dirent  []byte          // getdents buffer
 	stx     unix.Statx_t    // statx result
 	path    []byte          // NUL-terminated path for statx and openat
+	rel     []byte          // a block file's path relative to the namespace directory
 	scratch []scratchEntry  // entries of the directory being read
 	keys    []byte          // keys of the directory being read
 	subdirs []string        // subdirectories of the directory being read
@@ -384,7 +385,12 @@ func (x *Index) parseDirents(fd int, rel string, buf []byte) error {
 		default:
 			continue
 		}
-		key, ok := x.s.layout.KeyFromPath(joinRel(rel, string(name)))
+		// One string for the layout, which may keep it.
+		x.rel = append(x.rel[:0], rel...)
+		if rel != "" {
+			x.rel = append(x.rel, '/')
+		}
+		key, ok := x.s.layout.KeyFromPath(string(append(x.rel, name...)))
 		if !ok {
 			continue // a temporary or stray file
 		}

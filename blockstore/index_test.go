@@ -550,8 +550,8 @@ const (
 	indexBenchPerDir = 150
 )
 
-// BenchmarkIndexScan measures a full Scan (ns/block) and the index's heap
-// (heapB/block).
+// BenchmarkIndexScan measures a full Scan (ns/block), the index's heap
+// (heapB/block) and Victims of 1% of the bytes (victims-ns/block).
 func BenchmarkIndexScan(b *testing.B) {
 	x, _ := benchIndex(b)
 	var m0, m1 runtime.MemStats
@@ -571,6 +571,18 @@ func BenchmarkIndexScan(b *testing.B) {
 		b.Fatalf("scanned %d blocks, want %d", blocks, indexBenchBlocks)
 	}
 	heap := float64(int64(m1.HeapAlloc)-int64(m0.HeapAlloc)) / indexBenchBlocks
+	// Victims of 1% of the bytes, over every entry.
+	_, size := y.Usage()
+	const victimRuns = 20
+	var victims []Victim
+	start := time.Now()
+	for range victimRuns {
+		victims = y.Victims(size/100, 0, time.Now(), victims[:0])
+	}
+	victimNs := float64(time.Since(start).Nanoseconds()) / victimRuns / indexBenchBlocks
+	if len(victims) < indexBenchBlocks/100 {
+		b.Fatalf("%d victims for 1%% of %d blocks", len(victims), indexBenchBlocks)
+	}
 	runtime.KeepAlive(y)
 	y = nil
 	b.ReportAllocs()
@@ -582,6 +594,7 @@ func BenchmarkIndexScan(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/indexBenchBlocks, "ns/block")
 	b.ReportMetric(heap, "heapB/block")
+	b.ReportMetric(victimNs, "victims-ns/block")
 	b.ReportMetric(float64(len(x.dirs)), "dirs")
 }
 
