@@ -390,7 +390,8 @@ func (x *Index) parseDirents(fd int, rel string, buf []byte) error {
 		if rel != "" {
 			x.rel = append(x.rel, '/')
 		}
-		key, ok := x.s.layout.KeyFromPath(string(append(x.rel, name...)))
+		x.rel = append(x.rel, name...)
+		key, ok := x.s.layout.KeyFromPath(string(x.rel))
 		if !ok {
 			continue // a temporary or stray file
 		}
