@@ -1,6 +1,8 @@
 package blockstore
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -656,4 +658,35 @@ func TestIndexBenchTiny(t *testing.T) {
 	st, err := x.Refresh()
 	require.NoError(t, err)
 	assert.Equal(t, 3, st.Changed)
+}
+
+// errIndexInvariant reports a broken invariant of the index.
+var errIndexInvariant = errors.New("blockstore: index invariant")
+
+// checkInvariants verifies the index's bookkeeping: totals match the live
+// entries, every directory is in byRel at its position, keys are sorted.
+// For tests.
+func (x *Index) checkInvariants() error {
+	var blocks, size int64
+	if len(x.byRel) != len(x.dirs) || len(x.dirs) == 0 || x.dirs[0].rel != "" {
+		return fmt.Errorf("%w: %d directories, %d in the map", errIndexInvariant, len(x.dirs), len(x.byRel))
+	}
+	for i := range x.dirs {
+		d := &x.dirs[i]
+		if j, ok := x.byRel[d.rel]; !ok || int(j) != i || d.gone {
+			return fmt.Errorf("%w: directory %q at %d, map says %d", errIndexInvariant, d.rel, i, j)
+		}
+		for k := range d.entries {
+			if k > 0 && bytes.Compare(d.key(k-1), d.key(k)) >= 0 {
+				return fmt.Errorf("%w: directory %q keys out of order at %d", errIndexInvariant, d.rel, k)
+			}
+		}
+		b, n := d.live()
+		blocks += b
+		size += n
+	}
+	if b, n := x.Usage(); b != blocks || n != size {
+		return fmt.Errorf("%w: usage %d blocks %d bytes, entries hold %d, %d", errIndexInvariant, b, n, blocks, size)
+	}
+	return nil
 }
