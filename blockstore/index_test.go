@@ -466,6 +466,28 @@ func TestIndexForget(t *testing.T) {
 	checkIndex(t, x, n-1, (n-1)*file)
 }
 
+// TestIndexSymlinkedDir: a directory replaced by a symlink to another is
+// dropped with its blocks, not followed.
+func TestIndexSymlinkedDir(t *testing.T) {
+	const size = 10
+	s := openTestStore(t, Options{})
+	a := testKey(1, 32)
+	require.NoError(t, s.Put("ns", a, testPayload(a, size)))
+	other := t.TempDir()
+	x, nsDir := newTestIndex(t, s, "ns")
+	require.NoError(t, x.Scan(nil))
+	checkIndex(t, x, 1, HeaderSize+size)
+	top, leaf := leafOf(nsDir, a)
+	require.NoError(t, os.Rename(leaf, filepath.Join(other, "leaf")))
+	require.NoError(t, os.Symlink(filepath.Join(other, "leaf"), leaf))
+	age(t, top)
+	st, err := x.Refresh()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), st.Removed)
+	checkIndex(t, x, 0, 0)
+	assert.Len(t, x.dirs, 2, "the namespace and top directories")
+}
+
 func TestIndexInvalidNamespace(t *testing.T) {
 	s := openTestStore(t, Options{})
 	_, err := s.NewIndex("../x")
