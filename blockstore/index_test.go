@@ -1,6 +1,8 @@
 package blockstore
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -464,6 +466,28 @@ func TestIndexForget(t *testing.T) {
 	checkIndex(t, x, n-1, (n-1)*file)
 }
 
+// TestIndexSymlinkedDir: a directory replaced by a symlink to another is
+// dropped with its blocks, not followed.
+func TestIndexSymlinkedDir(t *testing.T) {
+	const size = 10
+	s := openTestStore(t, Options{})
+	a := testKey(1, 32)
+	require.NoError(t, s.Put("ns", a, testPayload(a, size)))
+	other := t.TempDir()
+	x, nsDir := newTestIndex(t, s, "ns")
+	require.NoError(t, x.Scan(nil))
+	checkIndex(t, x, 1, HeaderSize+size)
+	top, leaf := leafOf(nsDir, a)
+	require.NoError(t, os.Rename(leaf, filepath.Join(other, "leaf")))
+	require.NoError(t, os.Symlink(filepath.Join(other, "leaf"), leaf))
+	age(t, top)
+	st, err := x.Refresh()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), st.Removed)
+	checkIndex(t, x, 0, 0)
+	assert.Len(t, x.dirs, 2, "the namespace and top directories")
+}
+
 func TestIndexInvalidNamespace(t *testing.T) {
 	s := openTestStore(t, Options{})
 	_, err := s.NewIndex("../x")
@@ -656,4 +680,35 @@ func TestIndexBenchTiny(t *testing.T) {
 	st, err := x.Refresh()
 	require.NoError(t, err)
 	assert.Equal(t, 3, st.Changed)
+}
+
+// errIndexInvariant reports a broken invariant of the index.
+var errIndexInvariant = errors.New("blockstore: index invariant")
+
+// checkInvariants verifies the index's bookkeeping: totals match the live
+// entries, every directory is in byRel at its position, keys are sorted.
+// For tests.
+func (x *Index) checkInvariants() error {
+	var blocks, size int64
+	if len(x.byRel) != len(x.dirs) || len(x.dirs) == 0 || x.dirs[0].rel != "" {
+		return fmt.Errorf("%w: %d directories, %d in the map", errIndexInvariant, len(x.dirs), len(x.byRel))
+	}
+	for i := range x.dirs {
+		d := &x.dirs[i]
+		if j, ok := x.byRel[d.rel]; !ok || int(j) != i || d.gone {
+			return fmt.Errorf("%w: directory %q at %d, map says %d", errIndexInvariant, d.rel, i, j)
+		}
+		for k := range d.entries {
+			if k > 0 && bytes.Compare(d.key(k-1), d.key(k)) >= 0 {
+				return fmt.Errorf("%w: directory %q keys out of order at %d", errIndexInvariant, d.rel, k)
+			}
+		}
+		b, n := d.live()
+		blocks += b
+		size += n
+	}
+	if b, n := x.Usage(); b != blocks || n != size {
+		return fmt.Errorf("%w: usage %d blocks %d bytes, entries hold %d, %d", errIndexInvariant, b, n, blocks, size)
+	}
+	return nil
 }

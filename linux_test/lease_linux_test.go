@@ -198,3 +198,44 @@ func TestLeaseGluster(t *testing.T) {
 		})
 	}
 }
+
+// TestLeaseGlusterBrickRestart kills the brick while client A holds the lease and starts it again:
+// the brick's locks die with it. With the brick down, A's Check fails (ENOTCONN). After the
+// restart the lease goes to whoever asks first: A's Check re-issues the lock and takes it anew (B
+// is then refused), or B's TryLease takes it (A's Check is then refused: ErrLeaseLost). Never both.
+func TestLeaseGlusterBrickRestart(t *testing.T) {
+	g := newGluster(t, 2, glusterCacheOff)
+	require.NoError(t, os.Mkdir(filepath.Join(g.Mounts[0], "shared"), 0o755))
+	dirA, dirB := filepath.Join(g.Mounts[0], "shared"), filepath.Join(g.Mounts[1], "shared")
+	a, err := blockstore.TryLease(dirA, "A")
+	require.NoError(t, err)
+	defer a.Close()
+	require.NoError(t, a.Check())
+	restart := func() {
+		t.Helper()
+		require.NoError(t, syscall.Kill(g.BrickPid(t), syscall.SIGKILL))
+		err := a.Check()
+		require.ErrorIs(t, err, blockstore.ErrLeaseLost, "A's Check with the brick down")
+		require.ErrorIs(t, err, syscall.ENOTCONN, "A's Check with the brick down")
+		g.Start(t)
+	}
+
+	// A asks first.
+	restart()
+	require.NoError(t, a.Check(), "A's Check right after the restart re-takes the lock")
+	_, err = blockstore.TryLease(dirB, "B")
+	require.ErrorIs(t, err, blockstore.ErrLeaseHeld, "B after A's Check re-took the lease")
+	require.NoError(t, a.Check())
+	require.NoError(t, a.Publish([]byte("A after the first restart")))
+	readLeaseUntil(t, dirB, glusterCacheOff, "A", "A after the first restart", time.Now())
+
+	// B asks first.
+	restart()
+	b, err := blockstore.TryLease(dirB, "B")
+	require.NoError(t, err, "B right after the restart: the brick lost A's lock")
+	defer b.Close()
+	err = a.Check()
+	require.ErrorIs(t, err, blockstore.ErrLeaseLost, "A's Check once B holds the lease")
+	require.ErrorIs(t, err, blockstore.ErrLeaseHeld, "A's Check once B holds the lease")
+	require.NoError(t, b.Check())
+}
