@@ -257,7 +257,7 @@ func TestLeaseRace(t *testing.T) {
 	var holders atomic.Int32
 	var refusals atomic.Int64
 	var wg sync.WaitGroup
-	errs := make(chan error, workers)
+	errs := make(chan error, workers*(3*leaseRaceTurns+1)) // room for every error a worker can send
 	for w := range workers {
 		wg.Add(1)
 		go func() {
