@@ -147,6 +147,22 @@ func TestLeasePublish(t *testing.T) {
 	require.ErrorIs(t, err, ErrPayloadSize)
 }
 
+// TestLeasePublishAllocs: Publish, called about once a second for as long
+// as the process maintains, allocates nothing once its buffer has grown.
+func TestLeasePublishAllocs(t *testing.T) {
+	l, err := TryLease(t.TempDir(), "a")
+	require.NoError(t, err)
+	defer l.Close()
+	state := bytes.Repeat([]byte{'s'}, 300)
+	require.NoError(t, l.Publish(state))
+	allocs := testing.AllocsPerRun(50, func() {
+		if err := l.Publish(state); err != nil {
+			t.Fatal(err)
+		}
+	})
+	assert.Zero(t, allocs, "allocations per Publish")
+}
+
 // TestLeaseBadInput covers a missing lease file, a bad holder, and things
 // that are not a lease file where it should be.
 func TestLeaseBadInput(t *testing.T) {
@@ -257,7 +273,7 @@ func TestLeaseRace(t *testing.T) {
 	var holders atomic.Int32
 	var refusals atomic.Int64
 	var wg sync.WaitGroup
-	errs := make(chan error, workers)
+	errs := make(chan error, workers*(3*leaseRaceTurns+1)) // room for every error a worker can send
 	for w := range workers {
 		wg.Add(1)
 		go func() {
