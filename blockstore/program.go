@@ -32,9 +32,9 @@ import (
 //	        then for a short read: READ the rest ─ … ─ CLOSE; for an open or read that fails
 //	        oddly or a file shorter than the format's least (a header; a raw block): STATX
 //	        (what is there?); for a corrupt block, as Config.Corrupt says: RENAME into
-//	        quarantine, or UNLINK it, or nothing; for ESTALE on the open or a read (another
-//	        host replaced or removed the file): [CLOSE, then] the first phase again, once,
-//	        then missing
+//	        quarantine, or UNLINK it, or nothing; for ESTALE on the open or a read, or ENOENT
+//	        on a read (another host replaced or removed the file: NFS, GlusterFS): [CLOSE,
+//	        then] the first phase again, once, then missing
 //	store:  [raw: STATX block, then nothing more if a block of the right size is there]
 //	        [MKDIR aa ═ OPEN aa ─ CLOSE ─ MKDIR aa/bb ═ OPEN aa/bb ─ CLOSE ─] OPEN tmp (O_CREAT|O_EXCL)
 //	        ─ [WRITE header ─] WRITE payload ─ … [─ FSYNC] ─ CLOSE ─ RENAME tmp → block

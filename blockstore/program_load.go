@@ -44,7 +44,11 @@ func (p *Program) judgeLoad() bool {
 		s := &p.Steps[k]
 		r := s.Res
 		switch {
-		case r == -int32(unix.ESTALE) && (s.role == roleOpen || s.Op == StepRead):
+		case r == -int32(unix.ESTALE) && (s.role == roleOpen || s.Op == StepRead),
+			r == -int32(unix.ENOENT) && s.Op == StepRead:
+			// ENOENT from a read of an open file: GlusterFS's answer when
+			// another client removed it (evicted or deleted), as ESTALE
+			// is NFS's.
 			return p.stale()
 		case s.role == roleOpen && r == -int32(unix.ENOENT):
 			return p.decide(StatusMissing, nil)
@@ -103,7 +107,8 @@ func (p *Program) judgeLoad() bool {
 	return p.settleLoad()
 }
 
-// stale handles an open or read that met ESTALE: on a shared filesystem
+// stale handles an open or read that met ESTALE (or a read ENOENT): on a
+// shared filesystem
 // another host replaced or removed the block since this host last walked
 // its path. The load starts again from the open, once, with a fresh walk
 // (closing the stale file first); a second ESTALE reports the block

@@ -37,12 +37,16 @@ type fakeFS struct {
 	fail    map[int]int32
 	noMkdir bool   // a MKDIR failed: creating the temporary file fails with ENOENT
 	mode    uint16 // what STATX finds at the block's path, if not a regular file
+	onFail  func() // called when a step of fail is answered
 }
 
 func (f *fakeFS) call(p *Program, s *Step) int32 {
 	n := len(f.calls)
 	f.calls = append(f.calls, s.Op)
 	if r, ok := f.fail[n]; ok {
+		if f.onFail != nil {
+			f.onFail()
+		}
 		switch {
 		case s.Op == StepMkdir && r < 0 && r != -int32(unix.EEXIST):
 			f.noMkdir = true
@@ -291,6 +295,16 @@ func TestProgramLoad(t *testing.T) {
 		assert.Equal(t, payload, p.buf)
 		assert.Equal(t, [][]StepOp{{StepOpen, StepRead, StepRead, StepRead, StepClose}, {StepClose}, {StepOpen, StepRead, StepRead, StepRead, StepClose}}, phases)
 		assert.False(t, p.fileOpen)
+	})
+	t.Run("removed-by-another-client", func(t *testing.T) {
+		// GlusterFS: a read of an open file another client unlinked fails
+		// ENOENT; the walk again finds no block.
+		f := &fakeFS{file: good, fail: map[int]int32{2: -int32(unix.ENOENT)}}
+		f.onFail = func() { f.file = nil }
+		p, phases := load(t, f)
+		require.Equal(t, StatusMissing, p.Status, "%v", p.Err)
+		assert.NoError(t, p.Err)
+		assert.Equal(t, [][]StepOp{{StepOpen, StepRead, StepRead, StepRead, StepClose}, {StepClose}, {StepOpen, StepRead, StepRead, StepRead, StepClose}}, phases)
 	})
 	t.Run("stale-twice-missing", func(t *testing.T) {
 		p, phases := load(t, &fakeFS{file: good, fail: map[int]int32{0: -int32(unix.ESTALE), 1: -int32(unix.ESTALE)}})

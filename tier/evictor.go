@@ -48,6 +48,7 @@ type evictor struct {
 	keys    [][]byte
 	dirty   bool // the index may miss changes: Refresh before trusting it
 	state   []byte
+	lastAt  int64 // when the holder counted the usage last learned from the lease file
 }
 
 func newEvictor(t *Tier) *evictor {
@@ -133,8 +134,10 @@ func (e *evictor) tick(now time.Time) {
 			return
 		}
 	} else if e.dirty || fsUsed < 0 || fsUsed > high {
+		start := time.Now()
 		rs, err := e.index.Refresh()
 		t.cap.rescanned.Add(uint64(rs.Changed))
+		t.log.Debug("tier: evictor: rescanned", "dirs", rs.Dirs, "changed", rs.Changed, "added", rs.Added, "removed", rs.Removed, "took", time.Since(start))
 		if err != nil {
 			t.log.Warn("tier: evictor: rescan failed", "err", err)
 			return
@@ -144,8 +147,11 @@ func (e *evictor) tick(now time.Time) {
 	_, usage := e.index.Usage()
 	t.cap.usage.Store(usage)
 	if usage > high {
-		e.evict(usage-low, now)
+		start := time.Now()
+		before := usage
+		freed, victims := e.evict(usage-low, now)
 		_, usage = e.index.Usage()
+		t.log.Debug("tier: evictor: evicted", "usage_before", before, "usage", usage, "victims", victims, "freed", freed, "took", time.Since(start))
 		t.cap.usage.Store(usage)
 		e.dirty = true // it deleted: its own changes
 	}
@@ -170,11 +176,19 @@ func (e *evictor) takeLease() bool {
 	}
 	holder, state, err := blockstore.ReadLease(t.nsDir)
 	if err != nil {
+		t.log.Debug("tier: evictor: reading the lease", "err", err)
 		return false
 	}
 	t.cap.holder.Store(&holder)
-	if usage, ok := parseState(state); ok {
-		t.cap.usage.Store(usage)
+	if usage, at, ok := parseState(state); ok {
+		// A new count replaces the estimate; until then this tier adds
+		// its own stores to the last one.
+		if at != e.lastAt {
+			e.lastAt = at
+			t.cap.usage.Store(usage)
+		}
+	} else {
+		t.log.Debug("tier: evictor: no usage in the lease", "state", string(state))
 	}
 	return false
 }
@@ -197,35 +211,27 @@ func (e *evictor) scan() bool {
 	return true
 }
 
-// evict removes least recently used blocks worth need bytes.
-func (e *evictor) evict(need int64, now time.Time) {
-	t := e.t
-	e.victims = e.index.Victims(need, t.opts.EvictMinAge, now, e.victims[:0])
+// evict removes least recently used blocks worth need bytes, and returns
+// the bytes freed and the victims chosen. Victims go a batch at a time:
+// their times are read again (Index.RecheckAll), and those still unused
+// are deleted.
+func (e *evictor) evict(need int64, now time.Time) (int64, int) {
+	e.victims = e.index.Victims(need, e.t.opts.EvictMinAge, now, e.victims[:0])
 	var freed int64
-	batch := e.victims[:0:0]
-	flush := func() bool {
+	for rest := e.victims; len(rest) > 0 && freed < need && !e.stopped(); {
+		batch := rest[:min(len(rest), evictBatch)]
+		rest = rest[len(batch):]
+		batch, _ = e.index.RecheckAll(batch)
 		if len(batch) == 0 {
-			return true
+			continue
 		}
 		n, ok := e.delete(batch)
 		freed += n
-		batch = batch[:0]
-		return ok
-	}
-	for i := range e.victims {
-		if freed >= need || e.stopped() {
+		if !ok {
 			break
 		}
-		v := &e.victims[i]
-		if ok, err := e.index.Recheck(v); err != nil || !ok {
-			continue
-		}
-		batch = append(batch, *v)
-		if len(batch) == evictBatch && !flush() {
-			return
-		}
 	}
-	flush()
+	return freed, len(e.victims)
 }
 
 // delete removes the blocks of vs through the engine and returns the
@@ -273,12 +279,14 @@ func (e *evictor) publish(usage int64, now time.Time) {
 	}
 }
 
-// parseState reads the usage out of a published state.
-func parseState(state []byte) (int64, bool) {
+// parseState reads the usage and when it was counted out of a published
+// state.
+func parseState(state []byte) (usage, at int64, ok bool) {
 	f := bytes.Fields(state)
-	if len(f) < 2 || string(f[0]) != "usage" {
-		return 0, false
+	if len(f) < 4 || string(f[0]) != "usage" || string(f[2]) != "at" {
+		return 0, 0, false
 	}
-	n, err := strconv.ParseInt(string(f[1]), 10, 64)
-	return n, err == nil
+	usage, err1 := strconv.ParseInt(string(f[1]), 10, 64)
+	at, err2 := strconv.ParseInt(string(f[3]), 10, 64)
+	return usage, at, err1 == nil && err2 == nil
 }
