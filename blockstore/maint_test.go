@@ -136,82 +136,8 @@ func TestClean(t *testing.T) {
 	assert.Len(t, listFiles(t, s.Root()), 3, "blocks are untouched")
 }
 
-// TestEvict ages 100 blocks one minute apart and evicts down to the low
-// watermark: the oldest go, the newest stay.
-func TestEvict(t *testing.T) {
-	const n, size = 100, 1000
-	const file = HeaderSize + size
-	s := openTestStore(t, Options{})
-	keys := append(fill(t, s, "a", 0, n/2, size), fill(t, s, "b", n/2, n/2, size)...)
-	base := time.Now().Add(-24 * time.Hour)
-	for i, k := range keys {
-		b, err := s.Stat(nsOf(i, n), k)
-		require.NoError(t, err)
-		at := base.Add(time.Duration(i) * time.Minute)
-		require.NoError(t, os.Chtimes(b.Path, at, at))
-	}
-	_, err := s.Evict(EvictOptions{HighWatermarkSize: 10, LowWatermarkSize: 20})
-	require.ErrorIs(t, err, ErrInvalidOptions)
-
-	// Below the high watermark: nothing happens.
-	stats, err := s.Evict(EvictOptions{HighWatermarkSize: n * file, LowWatermarkSize: 0})
-	require.NoError(t, err)
-	assert.Equal(t, EvictStats{UsedSize: n * file}, stats)
-
-	// Above it: evict down to 60 blocks' worth, oldest first.
-	stats, err = s.Evict(EvictOptions{HighWatermarkSize: 90 * file, LowWatermarkSize: 60*file + file/2})
-	require.NoError(t, err)
-	assert.Equal(t, int64(40), stats.Removed)
-	assert.Equal(t, int64(40*file), stats.FreedSize)
-	var used int64
-	u, err := s.Usage()
-	require.NoError(t, err)
-	for _, x := range u {
-		used += x.Bytes
-	}
-	assert.LessOrEqual(t, used, int64(60*file+file/2))
-	for i, k := range keys {
-		ok, err := s.Has(nsOf(i, n), k)
-		require.NoError(t, err)
-		assert.Equal(t, i >= 40, ok, "block %d", i)
-	}
-}
-
-func nsOf(i, n int) string {
-	if i < n/2 {
-		return "a"
-	}
-	return "b"
-}
-
-// TestEvictSparesBlockBeingWritten evicts everything while a Put is paused
-// between writing its temporary file and renaming it: the temporary file
-// survives and the block is published whole afterwards.
-func TestEvictSparesBlockBeingWritten(t *testing.T) {
-	s := openTestStore(t, Options{})
-	fill(t, s, "ns", 0, 10, 1000)
-	paused, resume := make(chan string), make(chan struct{})
-	s.hooks = &testHooks{beforeRename: func(tmp string) { paused <- tmp; <-resume }}
-	key := testKey(500, 32)
-	done := make(chan error)
-	go func() { done <- s.Put("ns", key, testPayload(key, 1000)) }()
-	tmp := <-paused
-
-	stats, err := s.Evict(EvictOptions{})
-	require.NoError(t, err)
-	assert.Equal(t, int64(10), stats.Removed)
-	assert.FileExists(t, tmp)
-
-	close(resume)
-	require.NoError(t, <-done)
-	buf := make([]byte, 1000)
-	_, err = s.Get("ns", key, buf)
-	require.NoError(t, err)
-	assert.Equal(t, testPayload(key, 1000), buf)
-}
-
 // TestVerifyKeepsAccessTime checks that Verify does not make blocks look
-// recently used to Evict.
+// recently used to an evictor.
 func TestVerifyKeepsAccessTime(t *testing.T) {
 	s := openTestStore(t, Options{})
 	keys := fill(t, s, "ns", 0, 3, 100)

@@ -10,13 +10,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/uringtier/uringtier/blockstore"
 	"github.com/uringtier/uringtier/tier"
 )
 
 // TestFullDisk stores into a 1 MiB tmpfs: the stores that do not fit end StatusFull with a per-key
 // error wrapping ENOSPC while the others succeed, nothing partial is visible (no temporary file, no
-// corrupt block), and after eviction the failed stores succeed.
+// corrupt block), and after deleting the others the failed stores succeed.
 func TestFullDisk(t *testing.T) {
 	const size = 64 << 10 // 16 blocks of 68 KiB files would need 1.06 MiB
 	engines(t, func(t *testing.T, kind tier.EngineKind) {
@@ -59,10 +58,11 @@ func TestFullDisk(t *testing.T) {
 			assert.False(t, ok, "failed block %d is visible", i)
 		}
 
-		// Evict everything, then the failed stores go through.
-		ev, err := tr.Evict(blockstore.EvictOptions{HighWatermarkSize: 1, LowWatermarkSize: 0})
-		require.NoError(t, err)
-		require.Equal(t, int64(len(stored)), ev.Removed)
+		// Delete everything, then the failed stores go through.
+		require.NoError(t, tr.Delete(9, keys(stored...)))
+		for _, s := range statuses(await(t, tr, 9)[9]) {
+			require.Equal(t, tier.StatusDeleted, s)
+		}
 		retry := failed[:min(len(failed), len(stored))]
 		rbufs := make([][]byte, len(retry))
 		for j, i := range retry {
@@ -71,7 +71,7 @@ func TestFullDisk(t *testing.T) {
 		require.NoError(t, tr.Store(2, keys(retry...), rbufs))
 		r = await(t, tr, 2)[2]
 		for j, k := range r.Keys {
-			require.Equal(t, tier.StatusStored, k.Status, "key %d after eviction: %v", retry[j], k.Err)
+			require.Equal(t, tier.StatusStored, k.Status, "key %d after the deletes: %v", retry[j], k.Err)
 		}
 		loaded := buffers(len(retry), size)
 		require.NoError(t, tr.Load(3, keys(retry...), loaded))

@@ -101,11 +101,3 @@ func aligned(b []byte) bool {
 // InvalidateLookups empties the lookup cache, for a caller that changed the
 // directory behind the tier's back.
 func (t *Tier) InvalidateLookups() { t.cacheEpoch.Add(1) }
-
-// Evict runs the block store's eviction on the tier's directory and
-// empties the lookup cache, so no evicted block is reported found.
-func (t *Tier) Evict(opts blockstore.EvictOptions) (blockstore.EvictStats, error) {
-	st, err := t.store.Evict(opts)
-	t.InvalidateLookups()
-	return st, err
-}

@@ -27,6 +27,10 @@ var (
 	// the namespace is at Options.Capacity and the evictor cannot make
 	// room yet, or the filesystem reported no space.
 	ErrFull = errors.New("tier: full: no room for the block")
+	// ErrNotEvictor is returned by EvictNow when another tier (another
+	// process or host) holds the directory's eviction lease; the error
+	// names it.
+	ErrNotEvictor = errors.New("tier: another tier evicts this directory")
 	// ErrStuck is wrapped by Close's error when operations are still held
 	// by the filesystem at the context's deadline.
 	ErrStuck = errors.New("tier: operations stuck in the filesystem")

@@ -2,6 +2,7 @@ package tier
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -48,7 +49,8 @@ type evictor struct {
 	keys    [][]byte
 	dirty   bool // the index may miss changes: Refresh before trusting it
 	state   []byte
-	lastAt  int64 // when the holder counted the usage last learned from the lease file
+	lastAt  int64           // when the holder counted the usage last learned from the lease file
+	kick    chan chan error // EvictNow: run a pass now, say how it went
 }
 
 func newEvictor(t *Tier) *evictor {
@@ -59,6 +61,7 @@ func newEvictor(t *Tier) *evictor {
 		done:   make(chan struct{}),
 		holder: fmt.Sprintf("%s pid %d", host, os.Getpid()),
 		own:    make(chan *request, 1),
+		kick:   make(chan chan error),
 	}
 }
 
@@ -68,12 +71,18 @@ func (e *evictor) run() {
 	defer e.release()
 	tick := time.NewTicker(e.t.opts.EvictInterval)
 	defer tick.Stop()
+	var reply chan error
 	for {
-		e.tick(time.Now())
+		err := e.tick(time.Now())
+		if reply != nil {
+			reply <- err
+			reply = nil
+		}
 		select {
 		case <-e.stop:
 			return
 		case <-tick.C:
+		case reply = <-e.kick:
 		}
 	}
 }
@@ -102,7 +111,9 @@ func (e *evictor) marks() (limit, high, low int64) {
 	return limit, int64(float64(limit) * e.t.opts.HighWatermark), int64(float64(limit) * e.t.opts.LowWatermark)
 }
 
-func (e *evictor) tick(now time.Time) {
+// tick is one look: take the lease or learn the usage, count, evict. It
+// returns why it could not evict (for EvictNow), nil when it did its work.
+func (e *evictor) tick(now time.Time) error {
 	t := e.t
 	fsUsed := int64(-1)
 	var sf unix.Statfs_t
@@ -120,18 +131,20 @@ func (e *evictor) tick(now time.Time) {
 			t.cap.fullUntil.Store(0)
 		}
 	}
-	if e.lease == nil && !e.takeLease() {
-		return
+	if e.lease == nil {
+		if err := e.takeLease(); err != nil {
+			return err
+		}
 	}
 	if err := e.lease.Check(); err != nil {
 		t.log.Warn("tier: evictor: lost the lease", "err", err)
 		e.release()
-		return
+		return err
 	}
 	_, high, low := e.marks()
 	if e.index == nil {
-		if !e.scan() {
-			return
+		if err := e.scan(); err != nil {
+			return err
 		}
 	} else if e.dirty || fsUsed < 0 || fsUsed > high {
 		start := time.Now()
@@ -140,7 +153,7 @@ func (e *evictor) tick(now time.Time) {
 		t.log.Debug("tier: evictor: rescanned", "dirs", rs.Dirs, "changed", rs.Changed, "added", rs.Added, "removed", rs.Removed, "took", time.Since(start))
 		if err != nil {
 			t.log.Warn("tier: evictor: rescan failed", "err", err)
-			return
+			return err
 		}
 		e.dirty = false
 	}
@@ -156,11 +169,12 @@ func (e *evictor) tick(now time.Time) {
 		e.dirty = true // it deleted: its own changes
 	}
 	e.publish(usage, now)
+	return nil
 }
 
 // takeLease tries for the lease; without it, it learns the holder's
-// published usage.
-func (e *evictor) takeLease() bool {
+// published usage, and returns an error wrapping ErrNotEvictor.
+func (e *evictor) takeLease() error {
 	t := e.t
 	l, err := blockstore.TryLease(t.nsDir, e.holder)
 	if err == nil {
@@ -168,16 +182,16 @@ func (e *evictor) takeLease() bool {
 		t.cap.held.Store(true)
 		t.cap.holder.Store(&e.holder)
 		t.log.Info("tier: evictor: holding the lease", "holder", e.holder)
-		return true
+		return nil
 	}
 	if !errors.Is(err, blockstore.ErrLeaseHeld) {
 		t.log.Warn("tier: evictor: lease", "err", err)
-		return false
+		return err
 	}
 	holder, state, err := blockstore.ReadLease(t.nsDir)
 	if err != nil {
 		t.log.Debug("tier: evictor: reading the lease", "err", err)
-		return false
+		return fmt.Errorf("%w: %w", ErrNotEvictor, err)
 	}
 	t.cap.holder.Store(&holder)
 	if usage, at, ok := parseState(state); ok {
@@ -190,11 +204,11 @@ func (e *evictor) takeLease() bool {
 	} else {
 		t.log.Debug("tier: evictor: no usage in the lease", "state", string(state))
 	}
-	return false
+	return fmt.Errorf("%w: %s holds the lease", ErrNotEvictor, holder)
 }
 
 // scan builds the index with one walk of the tree.
-func (e *evictor) scan() bool {
+func (e *evictor) scan() error {
 	t := e.t
 	idx, err := t.store.NewIndex(t.opts.Namespace)
 	if err == nil {
@@ -202,13 +216,42 @@ func (e *evictor) scan() bool {
 	}
 	if err != nil {
 		t.log.Warn("tier: evictor: scan failed", "err", err)
-		return false
+		return err
 	}
 	e.index = idx
 	t.cap.scans.Add(1)
 	blocks, bytes := idx.Usage()
 	t.log.Info("tier: evictor: scanned", "blocks", blocks, "bytes", bytes)
-	return true
+	return nil
+}
+
+// EvictNow has the tier's evictor look at once, as it does every
+// EvictInterval: take the lease if it can, count (a whole scan the first
+// time), and evict down to the low mark if usage is above the high one.
+// It returns when that is done (Stats says what it did), or an error: the
+// tier has no capacity, another process holds the lease (ErrNotEvictor),
+// the filesystem failed, ctx ended, or the tier closed.
+func (t *Tier) EvictNow(ctx context.Context) error {
+	e := t.evictor
+	if e == nil {
+		return fmt.Errorf("%w: no Capacity", ErrInvalid)
+	}
+	reply := make(chan error, 1)
+	select {
+	case e.kick <- reply:
+	case <-e.done:
+		return ErrClosed
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-reply:
+		return err
+	case <-e.done:
+		return ErrClosed
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // evict removes least recently used blocks worth need bytes, and returns

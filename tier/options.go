@@ -154,7 +154,8 @@ type Options struct {
 	// TTL and is safe: a block found in memory but gone from disk (evicted
 	// by another process) loads as StatusMissing, and the cache learns it;
 	// a block another process stored since is reported missing for at
-	// most the TTL. Tier.InvalidateLookups and Tier.Evict empty the cache.
+	// most the TTL. Tier.InvalidateLookups empties the cache; deletes,
+	// the evictor's among them, update it.
 	LookupCacheTTL time.Duration
 	// LookupCacheSize bounds the cache's entries, per ring. Default 1<<20,
 	// at most 1<<24.
