@@ -165,3 +165,36 @@ func TestOneEvictor(t *testing.T) {
 		waitStats(t, other, "a takeover", func(s Stats) bool { return s.Evictor })
 	})
 }
+
+// TestStatfsSkipsRescans: while the whole filesystem holds less than the
+// high mark, the evictor rescans nothing; with a capacity below what the
+// filesystem holds, it rescans the directories stores change.
+func TestStatfsSkipsRescans(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		for _, c := range []struct {
+			name     string
+			capacity int64
+			rescans  bool
+		}{{"room", 1 << 60, false}, {"tight", 1000 * testFileSize, true}} {
+			t.Run(c.name, func(t *testing.T) {
+				tr := openTier(t, kind, t.TempDir(), func(o *Options) {
+					capacityOptions(0)(o)
+					o.Capacity = c.capacity
+				})
+				waitStats(t, tr, "the first scan", func(s Stats) bool { return s.Scans == 1 })
+				for i := range 5 {
+					require.NoError(t, tr.Store(uint64(i), testKeys(i), [][]byte{testPayload(i)}))
+					require.Equal(t, []Status{StatusStored}, statuses(await(t, tr, uint64(i))[uint64(i)]))
+					time.Sleep(3 * tr.opts.EvictInterval)
+				}
+				st := tr.Stats()
+				if c.rescans {
+					assert.Positive(t, st.DirsRescanned, "no rescan with the filesystem above the high mark")
+				} else {
+					assert.Zero(t, st.DirsRescanned, "rescans with room on the filesystem")
+				}
+				assert.Equal(t, uint64(1), st.Scans)
+			})
+		}
+	})
+}

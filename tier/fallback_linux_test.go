@@ -32,6 +32,7 @@ var conformanceSuite = []struct {
 	{"TestCapacityEvictsLRU", TestCapacityEvictsLRU},
 	{"TestCapacityFull", TestCapacityFull},
 	{"TestOneEvictor", TestOneEvictor},
+	{"TestStatfsSkipsRescans", TestStatfsSkipsRescans},
 	{"TestBadInput", TestBadInput},
 	{"TestOpenRejectsBadOptions", TestOpenRejectsBadOptions},
 	{"TestBusyAtDepth", TestBusyAtDepth},

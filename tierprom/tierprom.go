@@ -58,14 +58,15 @@ type Options struct {
 }
 
 // ops are the request kinds exported, as the op label.
-var ops = []tier.Op{tier.OpLookup, tier.OpLoad, tier.OpStore}
+var ops = []tier.Op{tier.OpLookup, tier.OpLoad, tier.OpStore, tier.OpDelete}
 
 // opStatuses are the key outcomes each request kind can have; others are
 // exported only if they are ever counted.
 var opStatuses = map[tier.Op][]tier.Status{
 	tier.OpLookup: {tier.StatusFound, tier.StatusMissing, tier.StatusTimedOut, tier.StatusFailed, tier.StatusCanceled, tier.StatusSkipped},
 	tier.OpLoad:   {tier.StatusLoaded, tier.StatusMissing, tier.StatusCorrupt, tier.StatusTimedOut, tier.StatusFailed, tier.StatusCanceled},
-	tier.OpStore:  {tier.StatusStored, tier.StatusPresent, tier.StatusTimedOut, tier.StatusFailed, tier.StatusCanceled},
+	tier.OpStore:  {tier.StatusStored, tier.StatusPresent, tier.StatusFull, tier.StatusTimedOut, tier.StatusFailed, tier.StatusCanceled},
+	tier.OpDelete: {tier.StatusDeleted, tier.StatusMissing, tier.StatusTimedOut, tier.StatusFailed, tier.StatusCanceled},
 }
 
 var failures = []tier.Failure{tier.FailureNoSpace, tier.FailureReadOnly, tier.FailurePermission, tier.FailureIO, tier.FailureStale, tier.FailureOther}
@@ -83,6 +84,8 @@ type Collector struct {
 	removed, removeFailed                              *prometheus.Desc
 	inFlight, queued, held, stuck, breakerOpen         *prometheus.Desc
 	engineInfo                                         *prometheus.Desc
+	capacity, usage, evictor, evicted, evictedBytes    *prometheus.Desc
+	scans, dirsRescanned, touches, touchesDropped      *prometheus.Desc
 	operationSeconds, requestSeconds, queueWaitSeconds *prometheus.Desc
 }
 
@@ -123,6 +126,15 @@ func NewCollector(tr *tier.Tier, opts Options) *Collector {
 	c.breakerOpen = d("breaker_open", "1 while a circuit breaker is open: new keys fail fast but for one probe.")
 	c.engineInfo = d("engine_info", "The engine in use, as labels; the value is 1.",
 		"engine", "fallback", "rings", "flags", "direct", "no_direct", "fs", "inline")
+	c.capacity = d("capacity_bytes", "Options.Capacity (or its share of the filesystem) in bytes; 0: no bound.")
+	c.usage = d("usage_bytes", "Bytes of block files in the namespace directory, as this tier last knew them.")
+	c.evictor = d("evictor", "1 while this tier holds the directory's eviction lease.")
+	c.evicted = d("evicted_blocks_total", "Blocks this tier's evictor removed.")
+	c.evictedBytes = d("evicted_bytes_total", "Bytes of the blocks this tier's evictor removed.")
+	c.scans = d("evictor_scans_total", "Whole scans of the namespace by this tier's evictor.")
+	c.dirsRescanned = d("evictor_dirs_rescanned_total", "Directories this tier's evictor read again because they changed.")
+	c.touches = d("touches_total", "Blocks whose access time this tier set to record a use.")
+	c.touchesDropped = d("touches_dropped_total", "Uses not recorded because the toucher was behind.")
 	c.operationSeconds = d("operation_duration_seconds", "Time of one key operation in the kernel (or a sync worker), from its start to its completion.", "op")
 	c.requestSeconds = d("request_duration_seconds", "Time of one request, from the submit call to its result being ready for Poll.", "op")
 	c.queueWaitSeconds = d("queue_wait_seconds", "Time a key waited from the submit call until its operation started.", "op")
@@ -136,6 +148,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.busy, c.cacheHits, c.shared, c.late, c.breakerTrips, c.quarantined, c.quarantineFailed,
 		c.removed, c.removeFailed,
 		c.inFlight, c.queued, c.held, c.stuck, c.breakerOpen, c.engineInfo,
+		c.capacity, c.usage, c.evictor, c.evicted, c.evictedBytes, c.scans, c.dirsRescanned, c.touches, c.touchesDropped,
 		c.operationSeconds, c.requestSeconds, c.queueWaitSeconds,
 	} {
 		ch <- d
@@ -159,7 +172,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		for _, st := range opStatuses[op] {
 			valid[st] = true
 		}
-		for st := tier.StatusFound; st <= tier.StatusSkipped; st++ {
+		for st := tier.StatusFound; st <= tier.StatusFull; st++ {
 			if n := s.Outcomes[op][st]; valid[st] || n > 0 {
 				counter(c.outcomes, n, name, st.String())
 			}
@@ -187,6 +200,15 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.held, float64(s.Held))
 	gauge(c.stuck, float64(s.Stuck))
 	gauge(c.breakerOpen, b2f(s.BreakerOpen))
+	gauge(c.capacity, float64(s.CapacityLimit))
+	gauge(c.usage, float64(s.Usage))
+	gauge(c.evictor, b2f(s.Evictor))
+	counter(c.evicted, s.Evicted)
+	counter(c.evictedBytes, s.EvictedBytes)
+	counter(c.scans, s.Scans)
+	counter(c.dirsRescanned, s.DirsRescanned)
+	counter(c.touches, s.Touches)
+	counter(c.touchesDropped, s.TouchesDropped)
 	e := s.Engine
 	gauge(c.engineInfo, 1, e.Kind.String(), e.Fallback, strconv.Itoa(e.Rings), e.Flags,
 		strconv.FormatBool(e.Direct), e.NoDirect, e.FS, strconv.FormatBool(e.Inline))

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/uringtier/uringtier/blockstore"
 	"github.com/uringtier/uringtier/latency"
 	"github.com/uringtier/uringtier/tier"
 )
@@ -122,30 +123,39 @@ func TestCollector(t *testing.T) {
 	after := gather(t, c)
 
 	types := map[string]dto.MetricType{
-		"uringtier_requests_total":             dto.MetricType_COUNTER,
-		"uringtier_keys_total":                 dto.MetricType_COUNTER,
-		"uringtier_key_outcomes_total":         dto.MetricType_COUNTER,
-		"uringtier_key_failures_total":         dto.MetricType_COUNTER,
-		"uringtier_read_bytes_total":           dto.MetricType_COUNTER,
-		"uringtier_written_bytes_total":        dto.MetricType_COUNTER,
-		"uringtier_busy_submits_total":         dto.MetricType_COUNTER,
-		"uringtier_lookup_cache_hits_total":    dto.MetricType_COUNTER,
-		"uringtier_shared_lookups_total":       dto.MetricType_COUNTER,
-		"uringtier_late_completions_total":     dto.MetricType_COUNTER,
-		"uringtier_breaker_trips_total":        dto.MetricType_COUNTER,
-		"uringtier_quarantined_blocks_total":   dto.MetricType_COUNTER,
-		"uringtier_quarantine_failures_total":  dto.MetricType_COUNTER,
-		"uringtier_removed_blocks_total":       dto.MetricType_COUNTER,
-		"uringtier_remove_failures_total":      dto.MetricType_COUNTER,
-		"uringtier_operations_in_flight":       dto.MetricType_GAUGE,
-		"uringtier_requests_queued":            dto.MetricType_GAUGE,
-		"uringtier_buffers_held":               dto.MetricType_GAUGE,
-		"uringtier_operations_stuck":           dto.MetricType_GAUGE,
-		"uringtier_breaker_open":               dto.MetricType_GAUGE,
-		"uringtier_engine_info":                dto.MetricType_GAUGE,
-		"uringtier_operation_duration_seconds": dto.MetricType_HISTOGRAM,
-		"uringtier_request_duration_seconds":   dto.MetricType_HISTOGRAM,
-		"uringtier_queue_wait_seconds":         dto.MetricType_HISTOGRAM,
+		"uringtier_requests_total":               dto.MetricType_COUNTER,
+		"uringtier_keys_total":                   dto.MetricType_COUNTER,
+		"uringtier_key_outcomes_total":           dto.MetricType_COUNTER,
+		"uringtier_key_failures_total":           dto.MetricType_COUNTER,
+		"uringtier_read_bytes_total":             dto.MetricType_COUNTER,
+		"uringtier_written_bytes_total":          dto.MetricType_COUNTER,
+		"uringtier_busy_submits_total":           dto.MetricType_COUNTER,
+		"uringtier_lookup_cache_hits_total":      dto.MetricType_COUNTER,
+		"uringtier_shared_lookups_total":         dto.MetricType_COUNTER,
+		"uringtier_late_completions_total":       dto.MetricType_COUNTER,
+		"uringtier_breaker_trips_total":          dto.MetricType_COUNTER,
+		"uringtier_quarantined_blocks_total":     dto.MetricType_COUNTER,
+		"uringtier_quarantine_failures_total":    dto.MetricType_COUNTER,
+		"uringtier_removed_blocks_total":         dto.MetricType_COUNTER,
+		"uringtier_remove_failures_total":        dto.MetricType_COUNTER,
+		"uringtier_operations_in_flight":         dto.MetricType_GAUGE,
+		"uringtier_requests_queued":              dto.MetricType_GAUGE,
+		"uringtier_buffers_held":                 dto.MetricType_GAUGE,
+		"uringtier_operations_stuck":             dto.MetricType_GAUGE,
+		"uringtier_breaker_open":                 dto.MetricType_GAUGE,
+		"uringtier_engine_info":                  dto.MetricType_GAUGE,
+		"uringtier_operation_duration_seconds":   dto.MetricType_HISTOGRAM,
+		"uringtier_request_duration_seconds":     dto.MetricType_HISTOGRAM,
+		"uringtier_queue_wait_seconds":           dto.MetricType_HISTOGRAM,
+		"uringtier_capacity_bytes":               dto.MetricType_GAUGE,
+		"uringtier_usage_bytes":                  dto.MetricType_GAUGE,
+		"uringtier_evictor":                      dto.MetricType_GAUGE,
+		"uringtier_evicted_blocks_total":         dto.MetricType_COUNTER,
+		"uringtier_evicted_bytes_total":          dto.MetricType_COUNTER,
+		"uringtier_evictor_scans_total":          dto.MetricType_COUNTER,
+		"uringtier_evictor_dirs_rescanned_total": dto.MetricType_COUNTER,
+		"uringtier_touches_total":                dto.MetricType_COUNTER,
+		"uringtier_touches_dropped_total":        dto.MetricType_COUNTER,
 	}
 	for name, typ := range types {
 		require.Contains(t, after, name)
@@ -175,6 +185,33 @@ func TestCollector(t *testing.T) {
 	assert.Equal(t, float64(4*blockSize), value(t, after["uringtier_written_bytes_total"], nil))
 	assert.Zero(t, value(t, after["uringtier_key_failures_total"], map[string]string{"op": "store", "reason": "nospace"}))
 	assert.Equal(t, 1.0, value(t, after["uringtier_engine_info"], map[string]string{"engine": "sync", "direct": strconv.FormatBool(tr.Engine().Direct)}))
+}
+
+// TestCollectorCapacity: the evictor's and Delete's counts are exported.
+func TestCollectorCapacity(t *testing.T) {
+	const file = blockstore.HeaderSize + blockSize
+	tr, err := tier.Open(t.TempDir(), tier.Options{BlockSize: blockSize, Namespace: "kv", Engine: tier.EngineSync,
+		Capacity: 10 * file, EvictInterval: 10 * time.Millisecond, EvictMinAge: -1})
+	require.NoError(t, err)
+	defer tr.Close(context.Background())
+	c := NewCollector(tr, Options{})
+	keys := make([][]byte, 12)
+	for i := range keys {
+		keys[i] = key(i)
+		require.NoError(t, tr.BlockStore().Put("kv", keys[i], make([]byte, blockSize)))
+	}
+	require.Eventually(t, func() bool { return tr.Stats().Evicted > 0 }, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, tr.Delete(1, keys))
+	await(t, tr, 1)
+	st := tr.Stats()
+	m := gather(t, c)
+	assert.Equal(t, float64(10*file), value(t, m["uringtier_capacity_bytes"], nil))
+	assert.Equal(t, 1.0, value(t, m["uringtier_evictor"], nil))
+	assert.Equal(t, float64(st.Evicted), value(t, m["uringtier_evicted_blocks_total"], nil))
+	assert.Equal(t, float64(st.EvictedBytes), value(t, m["uringtier_evicted_bytes_total"], nil))
+	assert.Equal(t, 1.0, value(t, m["uringtier_evictor_scans_total"], nil))
+	assert.Equal(t, float64(st.Outcomes[tier.OpDelete][tier.StatusDeleted]), value(t, m["uringtier_key_outcomes_total"], map[string]string{"op": "delete", "status": "deleted"}))
+	assert.Positive(t, value(t, m["uringtier_key_outcomes_total"], map[string]string{"op": "delete", "status": "deleted"}))
 }
 
 // TestHistogramFolding checks how fine buckets fold into Prometheus
