@@ -97,6 +97,8 @@ func (c *ctier) submit(op tier.Op, prefix bool, req uint64, keys unsafe.Pointer,
 			return c.t.LookupPrefix(req, ks)
 		}
 		return c.t.Lookup(req, ks)
+	case tier.OpDelete:
+		return c.t.Delete(req, ks)
 	case tier.OpLoad, tier.OpStore:
 		if n > 0 && bufs == nil {
 			return fmt.Errorf("%w: bufs is NULL", errArg)

@@ -2,6 +2,7 @@ package main
 
 // #include "uringtier.h"
 // void ut__seterr(char *msg, size_t n);
+// static int ut__ok_status(int s) { return UT_OK_STATUS(s); }
 import "C"
 
 import (
@@ -65,6 +66,7 @@ func _() {
 	_ = x[int(C.UT_OP_LOAD)-int(tier.OpLoad)]
 	_ = x[int(C.UT_OP_STORE)-int(tier.OpStore)]
 	_ = x[int(C.UT_OP_RELEASE)-int(tier.OpRelease)]
+	_ = x[int(C.UT_OP_DELETE)-int(tier.OpDelete)]
 	_ = x[int(C.UT_PENDING)-int(tier.StatusPending)]
 	_ = x[int(C.UT_FOUND)-int(tier.StatusFound)]
 	_ = x[int(C.UT_LOADED)-int(tier.StatusLoaded)]
@@ -76,8 +78,14 @@ func _() {
 	_ = x[int(C.UT_FAILED)-int(tier.StatusFailed)]
 	_ = x[int(C.UT_CANCELED)-int(tier.StatusCanceled)]
 	_ = x[int(C.UT_SKIPPED)-int(tier.StatusSkipped)]
+	_ = x[int(C.UT_DELETED)-int(tier.StatusDeleted)]
+	_ = x[int(C.UT_FULL)-int(tier.StatusFull)]
 	_ = x[int(unsafe.Sizeof(C.ut_result{}))-32]
 }
+
+// okStatus is the header's UT_OK_STATUS(s), for the test that holds it to
+// tier.Status.OK.
+func okStatus(s int) bool { return C.ut__ok_status(C.int(s)) != 0 }
 
 // utEOptions and utEIO are UT_EOPTIONS and UT_EIO for the tests, which
 // cannot use cgo.

@@ -44,7 +44,7 @@ type opStats struct {
 type stats struct {
 	Namespace    string             `json:"namespace"` // the directory under the root holding the blocks (layout=vllm: the rank directory)
 	Engine       engineInfo         `json:"engine"`
-	Ops          map[string]opStats `json:"ops"` // "lookup", "load", "store"
+	Ops          map[string]opStats `json:"ops"` // "lookup", "load", "store", "delete"
 	Busy         uint64             `json:"busy"`
 	CacheHits    uint64             `json:"cache_hits"`
 	Shared       uint64             `json:"shared"`
@@ -61,6 +61,21 @@ type stats struct {
 	QuarantineFailed uint64 `json:"quarantine_failed"`
 	Removed          uint64 `json:"removed"`
 	RemoveFailed     uint64 `json:"remove_failed"`
+	// Capacity (tier.Stats): the bound and the usage in bytes, the
+	// evictor, what this tier evicted and scanned, and the access times it
+	// set to record hits. Stores refused for want of room are the store
+	// outcome "full".
+	CapacityLimit  int64  `json:"capacity_limit"`
+	Usage          int64  `json:"usage"`
+	Evictor        bool   `json:"evictor"`
+	EvictorHolder  string `json:"evictor_holder"`
+	Evicted        uint64 `json:"evicted"`
+	EvictedBytes   uint64 `json:"evicted_bytes"`
+	Scans          uint64 `json:"scans"`
+	ScanBlocks     int64  `json:"scan_blocks"`
+	DirsRescanned  uint64 `json:"dirs_rescanned"`
+	Touches        uint64 `json:"touches"`
+	TouchesDropped uint64 `json:"touches_dropped"`
 }
 
 func statsJSON(ns string, s tier.Stats) []byte {
@@ -69,8 +84,11 @@ func statsJSON(ns string, s tier.Stats) []byte {
 		Engine: newEngineInfo(s.Engine), Ops: make(map[string]opStats),
 		Busy: s.Busy, CacheHits: s.CacheHits, Shared: s.Shared, InFlight: s.InFlight, Queued: s.Queued,
 		Stuck: s.Stuck, Late: s.Late, Held: s.Held, BreakerOpen: s.BreakerOpen, BreakerTrips: s.BreakerTrips,
+		CapacityLimit: s.CapacityLimit, Usage: s.Usage, Evictor: s.Evictor, EvictorHolder: s.EvictorHolder,
+		Evicted: s.Evicted, EvictedBytes: s.EvictedBytes, Scans: s.Scans, ScanBlocks: s.ScanBlocks,
+		DirsRescanned: s.DirsRescanned, Touches: s.Touches, TouchesDropped: s.TouchesDropped,
 	}
-	for _, op := range []tier.Op{tier.OpLookup, tier.OpLoad, tier.OpStore} {
+	for _, op := range []tier.Op{tier.OpLookup, tier.OpLoad, tier.OpStore, tier.OpDelete} {
 		o := opStats{
 			Requests: s.Requests[op], Keys: s.Keys[op], Outcomes: make(map[string]uint64),
 			P50US:  s.LatencyQuantile(op, 0.5).Microseconds(),

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -100,6 +101,18 @@ var optionSetters = map[string]func(o *openOptions, v string) error{
 		o.NoDirect = !b
 		return err
 	},
+	"capacity": func(o *openOptions, v string) (err error) {
+		if o.Capacity, err = strconv.ParseInt(v, 10, 64); err != nil {
+			return fmt.Errorf("not an integer (bytes)")
+		}
+		return nil
+	},
+	"capacity_share": floatOption(func(o *openOptions) *float64 { return &o.CapacityShare }),
+	"high_watermark": floatOption(func(o *openOptions) *float64 { return &o.HighWatermark }),
+	"low_watermark":  floatOption(func(o *openOptions) *float64 { return &o.LowWatermark }),
+	"evict_min_age":  offDurationOption(func(o *openOptions) *time.Duration { return &o.EvictMinAge }),
+	"evict_interval": durationOption(func(o *openOptions) *time.Duration { return &o.EvictInterval }),
+	"touch_interval": offDurationOption(func(o *openOptions) *time.Duration { return &o.TouchInterval }),
 }
 
 func intOption(field func(*openOptions) *int) func(*openOptions, string) error {
@@ -120,6 +133,36 @@ func durationOption(field func(*openOptions) *time.Duration) func(*openOptions, 
 			return fmt.Errorf("not a duration with a unit (250ms, 5s)")
 		}
 		*field(o) = d
+		return nil
+	}
+}
+
+// offDurationOption parses a duration for which 0 means none (evict_min_age,
+// touch_interval): the tier takes a negative one for that, and 0 for its
+// default. A negative value is refused, so that the C ABI has one spelling.
+func offDurationOption(field func(*openOptions) *time.Duration) func(*openOptions, string) error {
+	return func(o *openOptions, v string) error {
+		if err := durationOption(field)(o, v); err != nil {
+			return err
+		}
+		switch d := field(o); {
+		case *d < 0:
+			return fmt.Errorf("negative; 0 turns it off")
+		case *d == 0:
+			*d = -1
+		}
+		return nil
+	}
+}
+
+// floatOption parses a finite decimal number; the tier checks its range.
+func floatOption(field func(*openOptions) *float64) func(*openOptions, string) error {
+	return func(o *openOptions, v string) error {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+			return fmt.Errorf("not a finite number")
+		}
+		*field(o) = f
 		return nil
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
@@ -27,6 +28,21 @@ func TestParseOptions(t *testing.T) {
 	require.NoError(t, err)
 	require.Negative(t, got.LookupCacheTTL, "cache_ttl=0 turns the cache off")
 
+	got, err = parseOptions("block_size=4096 capacity=1073741824 high_watermark=0.75 low_watermark=0.5 " +
+		"evict_min_age=1m30s evict_interval=250ms touch_interval=5s")
+	require.NoError(t, err)
+	require.Equal(t, int64(1<<30), got.Capacity)
+	require.Equal(t, 0.75, got.HighWatermark)
+	require.Equal(t, 0.5, got.LowWatermark)
+	require.Equal(t, 90*time.Second, got.EvictMinAge)
+	require.Equal(t, 250*time.Millisecond, got.EvictInterval)
+	require.Equal(t, 5*time.Second, got.TouchInterval)
+	got, err = parseOptions("block_size=4096 capacity_share=0.25 evict_min_age=0 touch_interval=0s")
+	require.NoError(t, err)
+	require.Equal(t, 0.25, got.CapacityShare)
+	require.Negative(t, got.EvictMinAge, "evict_min_age=0: no minimum age")
+	require.Negative(t, got.TouchInterval, "touch_interval=0 turns touches off")
+
 	for _, tc := range []struct{ options, message string }{
 		{"", "block_size is required"},
 		{"namespace=x", "block_size is required"},
@@ -39,6 +55,18 @@ func TestParseOptions(t *testing.T) {
 		{"block_size=4096 durability=some", "want none, data or full"},
 		{"block_size=4096 lookup_op=stat", "want openpath, statx or mixed"},
 		{"block_size=4096 direct=maybe", "direct"},
+		{"block_size=4096 capacity=1GiB", `capacity="1GiB": not an integer`},
+		{"block_size=4096 capacity=1.5", `capacity="1.5": not an integer`},
+		{"block_size=4096 capacity_share=half", `capacity_share="half": not a finite number`},
+		{"block_size=4096 capacity_share=NaN", `capacity_share="NaN": not a finite number`},
+		{"block_size=4096 high_watermark=inf", `high_watermark="inf": not a finite number`},
+		{"block_size=4096 low_watermark=", `low_watermark="": not a finite number`},
+		{"block_size=4096 evict_min_age=10", "not a duration with a unit"},
+		{"block_size=4096 evict_min_age=-1s", "negative"},
+		{"block_size=4096 evict_interval=1", "not a duration with a unit"},
+		{"block_size=4096 touch_interval=soon", "not a duration with a unit"},
+		{"block_size=4096 touch_interval=-5s", "negative"},
+		{"block_size=4096 capacity=1 capacity=2", `"capacity" given twice`},
 	} {
 		t.Run(tc.options, func(t *testing.T) {
 			_, err := parseOptions(tc.options)
@@ -46,6 +74,62 @@ func TestParseOptions(t *testing.T) {
 			require.ErrorContains(t, err, tc.message)
 			require.Equal(t, utEOptions, int(code(err)))
 		})
+	}
+}
+
+// TestOpenCapacityOptions: values that parse but that the tier rejects are
+// UT_EOPTIONS too.
+func TestOpenCapacityOptions(t *testing.T) {
+	for _, tc := range []struct{ options, message string }{
+		{"block_size=4096 capacity=-1", "Capacity -1"},
+		{"block_size=4096 capacity_share=1.5", "CapacityShare 1.5"},
+		{"block_size=4096 capacity_share=-0.1", "CapacityShare -0.1"},
+		{"block_size=4096 capacity=1048576 capacity_share=0.5", "want one of"},
+		{"block_size=4096 capacity=1048576 high_watermark=0.5 low_watermark=0.7", "watermarks low 0.7, high 0.5"},
+		{"block_size=4096 capacity=1048576 high_watermark=1.5", "watermarks"},
+		{"block_size=4096 capacity=1048576 low_watermark=-0.5", "watermarks"},
+		{"block_size=4096 evict_interval=-1s", "negative duration"},
+	} {
+		t.Run(tc.options, func(t *testing.T) {
+			_, err := open(t.TempDir(), tc.options)
+			require.ErrorIs(t, err, tier.ErrInvalidOptions)
+			require.ErrorContains(t, err, tc.message)
+			require.Equal(t, utEOptions, int(code(err)))
+		})
+	}
+}
+
+// TestOKStatus holds the header's UT_OK_STATUS to tier.Status.OK for every
+// status.
+func TestOKStatus(t *testing.T) {
+	for s := tier.StatusPending; s <= tier.StatusFull+1; s++ {
+		require.Equal(t, s.OK(), okStatus(int(s)), "status %d (%v)", s, s)
+	}
+}
+
+// TestStatsJSON: the delete op and the capacity counters are in ut_stats's
+// JSON, by their names.
+func TestStatsJSON(t *testing.T) {
+	var s tier.Stats
+	s.Requests[tier.OpDelete], s.Keys[tier.OpDelete] = 2, 5
+	s.Outcomes[tier.OpDelete][tier.StatusDeleted] = 4
+	s.Outcomes[tier.OpDelete][tier.StatusMissing] = 1
+	s.Outcomes[tier.OpStore][tier.StatusFull] = 3
+	s.CapacityLimit, s.Usage, s.Evictor, s.EvictorHolder = 1<<20, 12345, true, "host pid 7"
+	s.Evicted, s.EvictedBytes, s.Scans, s.ScanBlocks = 6, 7, 8, 9
+	s.DirsRescanned, s.Touches, s.TouchesDropped = 10, 11, 12
+	var got map[string]any
+	require.NoError(t, json.Unmarshal(statsJSON("ns", s), &got))
+	ops := got["ops"].(map[string]any)
+	require.Equal(t, map[string]any{"deleted": 4.0, "missing": 1.0}, ops["delete"].(map[string]any)["outcomes"])
+	require.Equal(t, 2.0, ops["delete"].(map[string]any)["requests"])
+	require.Equal(t, map[string]any{"full": 3.0}, ops["store"].(map[string]any)["outcomes"])
+	for k, want := range map[string]any{
+		"capacity_limit": float64(1 << 20), "usage": 12345.0, "evictor": true, "evictor_holder": "host pid 7",
+		"evicted": 6.0, "evicted_bytes": 7.0, "scans": 8.0, "scan_blocks": 9.0, "dirs_rescanned": 10.0,
+		"touches": 11.0, "touches_dropped": 12.0,
+	} {
+		require.Equal(t, want, got[k], k)
 	}
 }
 

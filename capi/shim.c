@@ -102,6 +102,12 @@ int ut_lookup_prefix(ut_tier t, uint64_t req, const void *keys, size_t keys_size
 	return utgo_submit(t, UT_OP_LOOKUP, 1, req, (void *)keys, keys_size, (uint32_t *)key_sizes, n, NULL, 0);
 }
 
+int ut_delete(ut_tier t, uint64_t req, const void *keys, size_t keys_size, const uint32_t *key_sizes,
+              size_t n) {
+	UT_GUARD();
+	return utgo_submit(t, UT_OP_DELETE, 0, req, (void *)keys, keys_size, (uint32_t *)key_sizes, n, NULL, 0);
+}
+
 int ut_load(ut_tier t, uint64_t req, const void *keys, size_t keys_size, const uint32_t *key_sizes,
             size_t n, void *const *bufs, size_t buf_size) {
 	UT_GUARD();

@@ -10,7 +10,7 @@
  * # Model
  *
  * A caller submits a request (an ID of its choosing and a batch of keys)
- * with ut_lookup, ut_lookup_prefix, ut_load or ut_store; the call returns
+ * with ut_lookup, ut_lookup_prefix, ut_load, ut_store or ut_delete; the call returns
  * at once, queued or refused. Every queued request produces exactly one
  * result, which ut_poll copies into arrays the caller owns. When results
  * are waiting, the descriptor ut_fd returns becomes readable, so a foreign
@@ -69,8 +69,10 @@
 extern "C" {
 #endif
 
-/* UT_ABI_VERSION changes whenever a declaration below changes meaning. */
-#define UT_ABI_VERSION 1
+/* UT_ABI_VERSION changes whenever a declaration below changes meaning.
+ * 2: ut_delete, UT_OP_DELETE, UT_DELETED (a success: UT_OK_STATUS), UT_FULL;
+ * the capacity options. */
+#define UT_ABI_VERSION 2
 
 /* A tier handle. 0 is never a valid handle; a freed handle is never reused. */
 typedef uint64_t ut_tier;
@@ -97,6 +99,7 @@ enum ut_op {
 	UT_OP_LOAD = 2,    /* read blocks into the caller's buffers */
 	UT_OP_STORE = 3,   /* write blocks from the caller's buffers */
 	UT_OP_RELEASE = 4, /* the kernel has let go of a request's held buffers */
+	UT_OP_DELETE = 5,  /* remove blocks */
 };
 
 /* The outcome of one key (a byte in the status array given to ut_poll). */
@@ -106,16 +109,18 @@ enum ut_status {
 	UT_LOADED = 2,    /* load: the payload is in the caller's buffer, verified (checksums; raw: its size) */
 	UT_STORED = 3,    /* store: the block was published */
 	UT_PRESENT = 4,   /* store: the block was already there; nothing written */
-	UT_MISSING = 5,   /* lookup or load: no such block (ut_exists: no such path) */
+	UT_MISSING = 5,   /* lookup, load or delete: no such block (ut_exists: no such path) */
 	UT_CORRUPT = 6,   /* load: the file failed verification (quarantined, removed or left: on_corrupt) */
 	UT_TIMEDOUT = 7,  /* the deadline passed, or the circuit breaker is open */
 	UT_FAILED = 8,    /* an IO error */
 	UT_CANCELED = 9,  /* ut_cancel or ut_close ended it first */
 	UT_SKIPPED = 10,  /* ut_lookup_prefix: after a miss, not looked up */
+	UT_DELETED = 11,  /* delete: the block was removed */
+	UT_FULL = 12,     /* store: no room (capacity reached, or the filesystem full); nothing left behind */
 };
 
-/* UT_OK_STATUS(s): is s a success (found, loaded, stored, present)? */
-#define UT_OK_STATUS(s) ((s) >= UT_FOUND && (s) <= UT_PRESENT)
+/* UT_OK_STATUS(s): is s a success (found, loaded, stored, present, deleted)? */
+#define UT_OK_STATUS(s) (((s) >= UT_FOUND && (s) <= UT_PRESENT) || (s) == UT_DELETED)
 
 /* One finished request, as ut_poll returns it. 32 bytes. */
 typedef struct ut_result {
@@ -169,6 +174,27 @@ const char *ut_last_error(void);
  *   layout=fanout|vllm    <dir>/<namespace>/<aa>/<bb>/<hex>.blk, or a directory of vLLM's
  *                         filesystem offloading tier (below) [fanout]
  *
+ * Capacity: with a bound, the tiers sharing the namespace directory (in any
+ * process or host) elect one evictor, which removes the least recently used
+ * blocks once usage passes high_watermark of the bound, down to
+ * low_watermark; while usage is at the bound (every block younger than
+ * evict_min_age, or the evictor behind) or the filesystem is full, stores
+ * are refused before writing: UT_FULL. Give every tier sharing the
+ * directory the same bound: any may become the evictor.
+ *
+ *   capacity=N            bytes of block files in the namespace directory, whoever wrote
+ *                         them; 0 = no bound [0]
+ *   capacity_share=F      the bound as a share (0 to 1) of the filesystem's size instead;
+ *                         at most one of capacity and capacity_share [0]
+ *   high_watermark=F      eviction starts above this share of the bound [0.9]
+ *   low_watermark=F       and stops at this one (0 < low <= high <= 1) [0.8, at most high]
+ *   evict_min_age=D       blocks used (stored, found, loaded) more recently are never
+ *                         evicted; 0 = no minimum [10s]
+ *   evict_interval=D      how often the evictor, or a tier waiting to become it, looks:
+ *                         the takeover time when the evictor dies [1s]
+ *   touch_interval=D      a hit sets the block file's access time at most this often per
+ *                         block, so the evictor sees the use; 0 = off [1m with a bound, else off]
+ *
  * With layout=vllm, dir is vLLM's root, blocks are raw, and the tier holds one
  * worker's blocks of one KV-cache group: <dir>/<base>_r<rank>/<hex[0:3]>/<hex[3:5]>_g<group>/<hex>.bin,
  * where base is <model, '/' replaced by '_'>_<12 hex digits of the run config's SHA-256>.
@@ -189,7 +215,8 @@ const char *ut_last_error(void);
  * vLLM does after a failed load); stores write <path>_<digits>.tmp and rename
  * it, as vLLM does, so vLLM and the tier can write the directory at once.
  *
- * D is a duration with a unit: "250ms", "5s", "1.5s", "100us".
+ * D is a duration with a unit: "250ms", "5s", "1.5s", "100us"; F a decimal
+ * number ("0.5"); N a decimal integer.
  * Returns UT_OK, UT_EOPTIONS or UT_EIO (ut_last_error says why).
  */
 int ut_open(const char *dir, const char *options, ut_tier *out);
@@ -211,6 +238,13 @@ int ut_lookup(ut_tier t, uint64_t req, const void *keys, size_t keys_size,
  * keys after a definite miss may be skipped (UT_SKIPPED). */
 int ut_lookup_prefix(ut_tier t, uint64_t req, const void *keys, size_t keys_size,
                      const uint32_t *key_sizes, size_t n);
+
+/* ut_delete removes the keys' blocks: each key ends UT_DELETED, or
+ * UT_MISSING if there was no block. Deletes reach the filesystem after the
+ * lookups, loads and stores queued before them; a load that opened a block
+ * before its delete reads it whole, one after reports it missing. */
+int ut_delete(ut_tier t, uint64_t req, const void *keys, size_t keys_size,
+              const uint32_t *key_sizes, size_t n);
 
 /* ut_load reads key i's block into bufs[i], which must have buf_size bytes,
  * equal to the tier's block size. The buffers are the library's until the
@@ -271,7 +305,15 @@ int ut_free(ut_tier t);
  * truncated to cap) into buf and returns its full length without the NUL,
  * as snprintf does: a result >= cap means call again with more room. Its
  * "namespace" is the directory under the root holding the blocks (with
- * layout=vllm, the rank directory ut_open found). */
+ * layout=vllm, the rank directory ut_open found). "ops" has per request
+ * kind ("lookup", "load", "store", "delete") requests, keys, outcomes by
+ * status name ("found", "full", ...) and latency quantiles. With a
+ * capacity: "capacity_limit" (bytes), "usage" (bytes of blocks as this
+ * tier last knew it), "evictor" (whether this tier evicts),
+ * "evictor_holder" (who does: "host pid N"; "" until known), "evicted"
+ * and "evicted_bytes" (by this tier), "scans", "scan_blocks" (blocks the
+ * running or last scan has seen), "dirs_rescanned", "touches" and
+ * "touches_dropped" (access times set to record a use, and skipped). */
 int ut_stats(ut_tier t, char *buf, size_t cap);
 
 /* ut_engine writes which engine the tier runs, as JSON ({"kind": "uring",

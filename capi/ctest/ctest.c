@@ -174,6 +174,28 @@ static void test_engine(const char *dir, const char *engine) {
 		CHECK(st[i] == UT_LOADED && memcmp(bufs[i], want_payload, BLOCK) == 0, "key %d loaded: %d", i, st[i]);
 	}
 
+	// Delete two stored blocks and one never stored; the loads after it,
+	// which go to the filesystem whatever the lookup cache says, miss
+	// exactly the deleted ones.
+	uint8_t del[3 * KEY];
+	memcpy(del, keys, 2 * KEY);
+	memcpy(del + 2 * KEY, keys + (NKEYS - 1) * KEY, KEY);
+	CHECK(ut_delete(t, 8, del, sizeof del, NULL, 3) == UT_OK, "delete");
+	CHECK(wait_result(t, 8, &r, st) == 0, "delete result");
+	CHECK(r.op == UT_OP_DELETE && r.keys == 3 && r.prefix == 2 && r.held == 0, "delete result op %u keys %u prefix %u",
+	      r.op, r.keys, r.prefix);
+	CHECK(st[0] == UT_DELETED && st[1] == UT_DELETED && st[2] == UT_MISSING, "delete statuses %d %d %d", st[0], st[1],
+	      st[2]);
+	CHECK(UT_OK_STATUS(st[0]) && !UT_OK_STATUS(st[2]), "UT_OK_STATUS of deleted and missing");
+	CHECK(ut_load(t, 9, keys, NKEYS / 2 * KEY, NULL, NKEYS / 2, bufs, BLOCK) == UT_OK, "load after delete");
+	CHECK(wait_result(t, 9, &r, st) == 0 && r.op == UT_OP_LOAD, "load after delete result");
+	for (int i = 0; i < NKEYS / 2; i++) {
+		CHECK(st[i] == (i < 2 ? UT_MISSING : UT_LOADED), "key %d after delete: %d", i, st[i]);
+	}
+	CHECK(ut_delete(t, 9, keys, 4, NULL, 1) == UT_EINVAL, "delete of a 4-byte key");
+	uint32_t del_sizes[2] = {KEY, KEY};
+	CHECK(ut_delete(t, 9, keys, KEY, del_sizes, 2) == UT_EINVAL, "delete: key sizes past keys_size");
+
 	// Bad requests.
 	CHECK(ut_load(t, 7, keys, KEY, NULL, 1, bufs, BLOCK - 1) == UT_EINVAL, "wrong buffer size");
 	CHECK(strstr(ut_last_error(), "block size") != NULL, "message: %s", ut_last_error());
@@ -217,6 +239,8 @@ static void test_engine(const char *dir, const char *engine) {
 	CHECK(n > 8 && json[7] == 0, "truncated stats: %d", n);
 	n = ut_stats(t, json, sizeof json);
 	CHECK(n > 0 && n < (int)sizeof json && strstr(json, "\"lookup\"") && strstr(json, "\"found\""), "stats %s", json);
+	CHECK(strstr(json, "\"delete\":{\"requests\":1,\"keys\":3,\"outcomes\":{\"deleted\":2,\"missing\":1}") != NULL,
+	      "delete in stats %s", json);
 
 	CHECK(ut_close(t, 5000) == UT_OK, "close");
 	CHECK(ut_close(t, 5000) == UT_OK, "second close");
@@ -226,6 +250,85 @@ static void test_engine(const char *dir, const char *engine) {
 	CHECK(ut_free(t) == UT_EHANDLE, "second free");
 	CHECK(ut_lookup(t, 31, keys, KEY, NULL, 1) == UT_EHANDLE, "lookup after free");
 	for (int i = 0; i < NKEYS; i++) {
+		free(bufs[i]);
+	}
+}
+
+// json_int returns the integer after "name": in json, or -1.
+static long long json_int(const char *json, const char *name) {
+	char pat[64];
+	snprintf(pat, sizeof pat, "\"%s\":", name);
+	const char *p = strstr(json, pat);
+	return p ? strtoll(p + strlen(pat), NULL, 10) : -1;
+}
+
+// test_full fills a tier with a capacity of FULL_BLOCKS blocks, whose blocks
+// are never old enough to evict, and checks that stores beyond it are
+// refused with UT_FULL, writing nothing.
+enum { FULL_BLOCKS = 4 };
+
+static void test_full(const char *dir, const char *engine) {
+	char opts[256];
+	// Raw blocks: a block file is exactly BLOCK bytes, so the capacity is
+	// FULL_BLOCKS files.
+	snprintf(opts, sizeof opts,
+	         "block_size=%d format=raw namespace=c-full-%s engine=%s capacity=%d evict_min_age=1h evict_interval=20ms",
+	         BLOCK, engine, engine, FULL_BLOCKS * BLOCK);
+	ut_tier t = 0;
+	int rc = ut_open(dir, opts, &t);
+	CHECK(rc == UT_OK, "ut_open %s: %d", opts, rc);
+	if (rc != UT_OK) {
+		return;
+	}
+	enum { N = FULL_BLOCKS + 2 };
+	uint8_t keys[N * KEY];
+	void *bufs[N];
+	for (int i = 0; i < N; i++) {
+		key(keys + i * KEY, i, 'f');
+		bufs[i] = malloc(BLOCK);
+		payload(bufs[i], i);
+	}
+	ut_result r;
+	uint8_t st[N];
+	CHECK(ut_store(t, 1, keys, FULL_BLOCKS * KEY, NULL, FULL_BLOCKS, (const void *const *)bufs, BLOCK) == UT_OK,
+	      "store up to the capacity");
+	CHECK(wait_result(t, 1, &r, st) == 0 && r.prefix == FULL_BLOCKS, "stored %u of %d", r.prefix, FULL_BLOCKS);
+
+	// Wait until the tier has counted them (its own stores, or its
+	// evictor's scan).
+	char json[8192];
+	long long usage = -1, limit = -1;
+	for (double deadline = now() + 10; now() < deadline;) {
+		int n = ut_stats(t, json, sizeof json);
+		CHECK(n > 0 && n < (int)sizeof json, "stats: %d", n);
+		usage = json_int(json, "usage");
+		limit = json_int(json, "capacity_limit");
+		if (usage >= FULL_BLOCKS * BLOCK) {
+			break;
+		}
+		usleep(10000);
+	}
+	CHECK(limit == FULL_BLOCKS * BLOCK, "capacity_limit %lld in %s", limit, json);
+	CHECK(usage >= FULL_BLOCKS * BLOCK, "usage %lld never reached %d: %s", usage, FULL_BLOCKS * BLOCK, json);
+
+	// Beyond the capacity: refused before writing.
+	CHECK(ut_store(t, 2, keys + FULL_BLOCKS * KEY, (N - FULL_BLOCKS) * KEY, NULL, N - FULL_BLOCKS,
+	               (const void *const *)(bufs + FULL_BLOCKS), BLOCK) == UT_OK,
+	      "store beyond the capacity");
+	CHECK(wait_result(t, 2, &r, st) == 0 && r.op == UT_OP_STORE && r.prefix == 0, "full store result prefix %u",
+	      r.prefix);
+	for (int i = 0; i < N - FULL_BLOCKS; i++) {
+		CHECK(st[i] == UT_FULL && !UT_OK_STATUS(st[i]), "key %d beyond the capacity: %d", FULL_BLOCKS + i, st[i]);
+	}
+	CHECK(ut_lookup(t, 3, keys, sizeof keys, NULL, N) == UT_OK, "lookup");
+	CHECK(wait_result(t, 3, &r, st) == 0 && r.prefix == FULL_BLOCKS, "lookup prefix %u", r.prefix);
+	for (int i = FULL_BLOCKS; i < N; i++) {
+		CHECK(st[i] == UT_MISSING, "key %d refused, yet %d", i, st[i]);
+	}
+	int n = ut_stats(t, json, sizeof json);
+	CHECK(n > 0 && n < (int)sizeof json && strstr(json, "\"full\":2") != NULL, "full in stats %s", json);
+	CHECK(ut_close(t, 5000) == UT_OK && ut_free(t) == UT_OK, "close and free");
+	for (int i = 0; i < N; i++) {
 		free(bufs[i]);
 	}
 }
@@ -354,9 +457,12 @@ int main(int argc, char **argv) {
 	if (argc == 2) {
 		test_engine(argv[1], "sync");
 		test_engine(argv[1], "uring");
+		test_full(argv[1], "sync");
+		test_full(argv[1], "uring");
 	}
 	for (int i = 2; i < argc; i++) {
 		test_engine(argv[1], argv[i]);
+		test_full(argv[1], argv[i]);
 	}
 	test_exists(argv[1]);
 	test_threads(argv[1]);

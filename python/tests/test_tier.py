@@ -237,6 +237,79 @@ class Conformance:
         with self.assertRaisesRegex(uringtier.OpenError, "not a directory"):
             uringtier.Tier("/proc/version/x", BLOCK, engine=self.engine)
 
+    def test_delete(self: Base) -> None:
+        tier = self.open()
+        self.populate(tier, 4)
+        tier.delete(1, [key(0), key(1), key(99)])
+        r = collect(tier, [1])[1]
+        self.assertEqual((r.op, len(r), r.prefix, r.held), (Op.DELETE, 3, 2, 0))
+        self.assertEqual(r.statuses, [Status.DELETED, Status.DELETED, Status.MISSING])
+        self.assertEqual(r.ok, [True, True, False])
+        self.assertTrue(Status.DELETED.ok)
+        # Gone: a load goes to the filesystem whatever the lookup cache says, and so does a new tier.
+        bufs = [bytearray(BLOCK) for _ in range(4)]
+        tier.load(2, keys(0, 4), bufs)
+        self.assertEqual(collect(tier, [2])[2].statuses, [Status.MISSING] * 2 + [Status.LOADED] * 2)
+        self.assertEqual(bytes(bufs[2]), payload(2, BLOCK))
+        other = self.open(cache_ttl=0)
+        other.lookup(3, keys(0, 4))
+        self.assertEqual(collect(other, [3])[3].statuses, [Status.MISSING] * 2 + [Status.FOUND] * 2)
+        # Packed keys, and a second delete of the same blocks.
+        tier.delete(4, b"".join(keys(1, 3)), key_size=32)
+        self.assertEqual(collect(tier, [4])[4].statuses, [Status.MISSING, Status.DELETED])
+        self.assertEqual(tier.stats()["ops"]["delete"]["outcomes"], {"deleted": 3, "missing": 2})
+        with self.assertRaisesRegex(uringtier.InvalidRequestError, "key 0"):
+            tier.delete(5, [b"abc"])
+
+    def test_full(self: Base) -> None:
+        # A capacity of 4 raw blocks (a raw block's file is exactly BLOCK bytes), none old enough
+        # to evict: stores beyond it are refused before writing.
+        tier = self.open(format="raw", capacity=4 * BLOCK, evict_min_age=3600, evict_interval=0.02)
+        self.populate(tier, 4)
+        deadline = time.monotonic() + 10
+        while (stats := tier.stats())["usage"] < 4 * BLOCK:
+            self.assertLess(time.monotonic(), deadline, f"usage never counted: {stats}")
+            time.sleep(0.01)
+        self.assertEqual(stats["capacity_limit"], 4 * BLOCK)
+        tier.store(1, keys(4, 6), [payload(i, BLOCK) for i in (4, 5)])
+        r = collect(tier, [1])[1]
+        self.assertEqual((r.op, r.prefix), (Op.STORE, 0))
+        self.assertEqual(r.statuses, [Status.FULL] * 2)
+        self.assertEqual(r.ok, [False, False])
+        self.assertFalse(Status.FULL.ok)
+        tier.lookup(2, keys(0, 6))
+        self.assertEqual(collect(tier, [2])[2].statuses, [Status.FOUND] * 4 + [Status.MISSING] * 2)
+        self.assertEqual(tier.stats()["ops"]["store"]["outcomes"], {"stored": 4, "full": 2})
+
+    def test_capacity_options(self: Base) -> None:
+        tier = self.open(capacity=1 << 30, high_watermark=0.75, low_watermark=0.5, evict_min_age=0,
+                         evict_interval=0.25, touch_interval=0)
+        stats = tier.stats()
+        self.assertEqual(stats["capacity_limit"], 1 << 30)
+        for name in ("usage", "evictor", "evictor_holder", "evicted", "evicted_bytes", "scans", "scan_blocks",
+                     "dirs_rescanned", "touches", "touches_dropped"):
+            self.assertIn(name, stats)
+        self.open(namespace=f"share-{self.engine}", capacity_share=0.5, touch_interval=30).close()
+        for kw, message in [
+            ({"capacity": -1}, "Capacity -1"),
+            ({"capacity": 1.5}, "want an int"),
+            ({"capacity": "1GiB"}, "want an int"),
+            ({"capacity": True}, "bool"),
+            ({"capacity_share": 1.5}, "CapacityShare 1.5"),
+            ({"capacity_share": float("nan")}, "not a finite number"),
+            ({"capacity_share": "half"}, "want a number"),
+            ({"capacity": 1 << 20, "capacity_share": 0.5}, "want one of"),
+            ({"capacity": 1 << 20, "high_watermark": 0.5, "low_watermark": 0.7}, "watermarks low 0.7, high 0.5"),
+            ({"capacity": 1 << 20, "high_watermark": float("inf")}, "not a finite number"),
+            ({"evict_min_age": -1}, "negative"),
+            ({"evict_interval": -0.5}, "negative"),
+            ({"touch_interval": -1}, "negative"),
+        ]:
+            with self.subTest(kw):
+                with self.assertRaises(uringtier.InvalidOptionsError) as cm:
+                    uringtier.Tier(self.dir, BLOCK, engine=self.engine, namespace="bad", **kw)
+                self.assertIn(message, str(cm.exception))
+
     def test_close_with_work_in_flight(self: Base) -> None:
         tier = self.open()
         self.populate(tier, 64)

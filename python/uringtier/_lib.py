@@ -35,7 +35,7 @@ from .errors import (
 LIBRARY_ENV = "URINGTIER_LIBRARY"
 """Environment variable naming the library to load instead of the one inside the package."""
 
-ABI_VERSION = 1  # UT_ABI_VERSION in uringtier.h
+ABI_VERSION = 2  # UT_ABI_VERSION in uringtier.h
 
 # Error codes (enum ut_error).
 EBUSY, ECLOSED, EINVAL, EOPTIONS, EHANDLE, ESTUCK, EFORK, EIO, ERANGE, EARG = range(-1, -11, -1)
@@ -75,6 +75,7 @@ _PROTOTYPES = {
     "ut_open": (c_int, [c_char_p, c_char_p, POINTER(c_uint64)], True),
     "ut_lookup": (c_int, [c_uint64, c_uint64, c_char_p, c_size_t, c_void_p, c_size_t], False),
     "ut_lookup_prefix": (c_int, [c_uint64, c_uint64, c_char_p, c_size_t, c_void_p, c_size_t], False),
+    "ut_delete": (c_int, [c_uint64, c_uint64, c_char_p, c_size_t, c_void_p, c_size_t], False),
     "ut_load": (c_int, [c_uint64, c_uint64, c_char_p, c_size_t, c_void_p, c_size_t, c_void_p, c_size_t], False),
     "ut_store": (c_int, [c_uint64, c_uint64, c_char_p, c_size_t, c_void_p, c_size_t, c_void_p, c_size_t], False),
     "ut_poll": (c_int, [c_uint64, POINTER(ut_result), c_size_t, POINTER(c_uint8), c_size_t], False),

@@ -1,10 +1,12 @@
-"""The Tier: submit lookups, loads and stores, poll their results; no call waits for the filesystem."""
+"""The Tier: submit lookups, loads, stores and deletes, poll their results; no call waits for the
+filesystem."""
 
 from __future__ import annotations
 
 import ctypes
 import enum
 import json
+import operator
 import os
 import threading
 from array import array
@@ -27,6 +29,7 @@ class Op(enum.IntEnum):
     LOAD = 2
     STORE = 3
     RELEASE = 4  #: the kernel let go of buffers a Result reported held
+    DELETE = 5  #: remove blocks
 
 
 class Status(enum.IntEnum):
@@ -37,17 +40,26 @@ class Status(enum.IntEnum):
     LOADED = 2  #: load: the payload is in the buffer, verified (checksums; raw blocks: their size)
     STORED = 3  #: store: the block was published
     PRESENT = 4  #: store: the block was already there; nothing written
-    MISSING = 5  #: no such block
+    MISSING = 5  #: no such block (lookup, load, delete)
     CORRUPT = 6  #: load: the file failed verification (quarantined, removed or left: on_corrupt)
     TIMED_OUT = 7  #: the deadline passed, or the circuit breaker is open
     FAILED = 8  #: an IO error
     CANCELED = 9  #: cancel() or close() ended it first
     SKIPPED = 10  #: lookup_prefix: after a miss, not looked up
+    DELETED = 11  #: delete: the block was removed
+    #: store: refused before writing, for want of room (the tier's capacity reached, its blocks
+    #: younger than evict_min_age, or the filesystem full); nothing of the block is left behind
+    FULL = 12
 
     @property
     def ok(self) -> bool:
-        """Whether this is a success (found, loaded, stored, present)."""
-        return Status.FOUND <= self <= Status.PRESENT
+        """Whether this is a success (found, loaded, stored, present, deleted)."""
+        return _ok(self)
+
+
+def _ok(s: int) -> bool:
+    """UT_OK_STATUS of uringtier.h."""
+    return Status.FOUND <= s <= Status.PRESENT or s == Status.DELETED
 
 
 class Result:
@@ -74,8 +86,8 @@ class Result:
 
     @property
     def ok(self) -> list[bool]:
-        """Per key: did it succeed (found, loaded, stored, present)?"""
-        return [Status.FOUND <= s <= Status.PRESENT for s in self.status]
+        """Per key: did it succeed (found, loaded, stored, present, deleted)?"""
+        return [_ok(s) for s in self.status]
 
     def __len__(self) -> int:
         return len(self.status)
@@ -105,6 +117,24 @@ def _seconds(name: str, value: float) -> str:
     return f"{round(value * 1e6)}us"
 
 
+def _byte_count(name: str, value: int) -> str:
+    if isinstance(value, bool):
+        raise InvalidOptionsError(f"{name} is a bool: want a number of bytes")
+    try:
+        return str(operator.index(value))
+    except TypeError:
+        raise InvalidOptionsError(f"{name} is {value!r}: want an int (bytes)") from None
+
+
+def _number(name: str, value: float) -> str:
+    if isinstance(value, bool):
+        raise InvalidOptionsError(f"{name} is a bool: want a number")
+    try:
+        return repr(float(value))  # the library refuses nan and inf, and values out of range
+    except (TypeError, ValueError):
+        raise InvalidOptionsError(f"{name} is {value!r}: want a number") from None
+
+
 def _encode_keys(keys: Sequence[bytes] | bytes, key_size: int | None) -> tuple[bytes, int, int, object]:
     """The keys as ut_lookup takes them: (concatenated keys, their count, the address of their
     sizes or 0 when all have key_size bytes, the sizes' owner to keep alive during the call)."""
@@ -127,7 +157,7 @@ def _encode_keys(keys: Sequence[bytes] | bytes, key_size: int | None) -> tuple[b
 class Tier:
     """An asynchronous store of fixed-size blocks under ``path/namespace``.
 
-    Submit with lookup, lookup_prefix, load and store: each returns at once, having queued the
+    Submit with lookup, lookup_prefix, load, store and delete: each returns at once, having queued the
     request or raised (BusyError when ``depth`` requests are unpolled; ClosedError;
     InvalidRequestError). Every queued request produces exactly one Result, which poll() returns;
     fileno() becomes readable when results are waiting. The IO runs on the library's threads,
@@ -154,6 +184,25 @@ class Tier:
             Loads always go to the filesystem, so a stale hit is safe: its load reports the
             block missing.
         durability: "none", "data" or "full" (fsync of stores).
+        capacity: bound, in bytes, on the block files in the namespace directory, whoever wrote
+            them (None or 0: no bound). With a bound, the tiers sharing the directory (in any
+            process or host) elect one evictor, which removes the least recently used blocks
+            once usage passes high_watermark of the bound, down to low_watermark; while usage is
+            at the bound (every block younger than evict_min_age) or the filesystem is full,
+            stores are refused before writing: Status.FULL. Give every tier sharing the directory
+            the same bound: any may become the evictor. ``stats()`` has the usage and the
+            evictor's counters.
+        capacity_share: the bound as a share (0 to 1) of the filesystem's size instead of
+            capacity (at most one of the two).
+        high_watermark: eviction starts above this share of the bound (library default 0.9).
+        low_watermark: and stops at this share (0 < low <= high <= 1; default 0.8, at most high).
+        evict_min_age: blocks used (stored, found, loaded) this recently, in seconds, are never
+            evicted; 0: no minimum (default 10).
+        evict_interval: how often, in seconds, the evictor (or a tier waiting to become it) looks:
+            the takeover time when the evictor dies (default 1).
+        touch_interval: a hit sets the block file's access time at most this often per block, in
+            seconds, so that the evictor in any process sees the use; 0: off (default 60 with a
+            bound, else off).
         close_timeout: how long ``with`` waits for the filesystem when closing, in seconds.
         **options: further options of ut_open by name (cache_size, rings, ops_max, workers_max,
             sync_workers, breaker_threshold, lookup_op, direct, format, on_corrupt, layout, and
@@ -185,6 +234,13 @@ class Tier:
         io_timeout: float = 30.0,
         cache_ttl: float = 1.0,
         durability: str = "none",
+        capacity: int | None = None,
+        capacity_share: float | None = None,
+        high_watermark: float | None = None,
+        low_watermark: float | None = None,
+        evict_min_age: float | None = None,
+        evict_interval: float | None = None,
+        touch_interval: float | None = None,
         close_timeout: float = 5.0,
         **options: Any,
     ) -> None:
@@ -204,6 +260,19 @@ class Tier:
             "cache_ttl": _seconds("cache_ttl", cache_ttl),
             "durability": durability,
         }
+        # The capacity options, where given; the library's defaults otherwise (some depend on
+        # others: low_watermark on high_watermark, touch_interval on the bound).
+        for name, value, encode in [
+            ("capacity", capacity, _byte_count),
+            ("capacity_share", capacity_share, _number),
+            ("high_watermark", high_watermark, _number),
+            ("low_watermark", low_watermark, _number),
+            ("evict_min_age", evict_min_age, _seconds),
+            ("evict_interval", evict_interval, _seconds),
+            ("touch_interval", touch_interval, _seconds),
+        ]:
+            if value is not None:
+                opts[name] = encode(name, value)
         for k, v in options.items():
             opts[k] = str(v).lower() if isinstance(v, bool) else v
         text = " ".join(f"{k}={v}" for k, v in opts.items())
@@ -250,6 +319,18 @@ class Tier:
         rc = self._lib.ut_lookup_prefix(self._handle, req, data, len(data), sizes, n)
         if rc < 0:
             raise self._lib.error(rc, "lookup_prefix")
+
+    def delete(self, req: int, keys: Sequence[bytes] | bytes, key_size: int | None = None) -> None:
+        """Removes the keys' blocks; returns at once. keys and key_size are as for lookup().
+
+        Each key ends Status.DELETED, or Status.MISSING if there was no block. Deletes reach the
+        filesystem after the lookups, loads and stores submitted before them: a load that opened
+        a block first reads it whole, one after reports it missing.
+        """
+        data, n, sizes, _keep = _encode_keys(keys, key_size)
+        rc = self._lib.ut_delete(self._handle, req, data, len(data), sizes, n)
+        if rc < 0:
+            raise self._lib.error(rc, "delete")
 
     def load(self, req: int, keys: Sequence[bytes] | bytes, buffers: Sequence[Any], key_size: int | None = None) -> None:
         """Reads key i's block into buffers[i] (writable, block_size bytes each); returns at once.
@@ -310,7 +391,7 @@ class Tier:
                 for r in self._results[:n]:
                     op = Op(r.op)
                     res = Result(r.req, op, self._status_view[r.first:r.first + r.keys].tobytes(), r.prefix, r.held)
-                    if op != Op.LOOKUP and r.held == 0:
+                    if op not in (Op.LOOKUP, Op.DELETE) and r.held == 0:
                         self._unpin(r.req)
                     out.append(res)
                 if n < cap:
@@ -341,7 +422,9 @@ class Tier:
     # Information.
 
     def stats(self) -> dict[str, Any]:
-        """The tier's counters (see ut_stats): per op requests, keys, outcomes and latency, etc."""
+        """The tier's counters (see ut_stats): per op ("lookup", "load", "store", "delete")
+        requests, keys, outcomes and latency; the capacity's "capacity_limit", "usage",
+        "evictor", "evictor_holder", "evicted", "evicted_bytes", "scans", "touches"; etc."""
         return json.loads(self._json(self._lib.ut_stats, "stats"))
 
     @property
