@@ -25,6 +25,9 @@ import (
 const childEnv = "BLOCKSTORE_TEST_CHILD"
 
 func TestMain(m *testing.M) {
+	if role := os.Getenv(leaseHelperEnv); role != "" {
+		leaseHelper(role)
+	}
 	if role := os.Getenv(childEnv); role != "" {
 		if err := runChild(role, os.Getenv("BLOCKSTORE_TEST_ROOT")); err != nil {
 			fmt.Fprintln(os.Stderr, "child:", err)

@@ -22,8 +22,8 @@ import (
 )
 
 // The lease tests' child processes: the test binary re-executed with
-// leaseHelperEnv set to a role runs TestLeaseHelperProcess, which plays it
-// on the directory in leaseHelperDirEnv.
+// leaseHelperEnv set to a role runs leaseHelper from TestMain, which plays
+// it on the directory in leaseHelperDirEnv.
 const (
 	leaseHelperEnv     = "BLOCKSTORE_LEASE_HELPER" // "hold" or "try"
 	leaseHelperDirEnv  = "BLOCKSTORE_LEASE_DIR"
@@ -33,14 +33,10 @@ const (
 	leaseReleaseWithin = 5 * time.Second
 )
 
-// TestLeaseHelperProcess is not a test: it is the body of the lease tests'
-// child processes. "hold" takes the lease, publishes, prints leaseHeldLine
-// and waits to be killed; "try" prints leaseHeldLine or leaseRefusedLine.
-func TestLeaseHelperProcess(t *testing.T) {
-	role := os.Getenv(leaseHelperEnv)
-	if role == "" {
-		t.Skip("the body of the lease tests' child processes")
-	}
+// leaseHelper is the body of the lease tests' child processes, in role.
+// "hold" takes the lease, publishes, prints leaseHeldLine and waits to be
+// killed; "try" prints leaseHeldLine or leaseRefusedLine. It exits.
+func leaseHelper(role string) {
 	if os.Getenv(leaseHelperCmdEnv) == "1" {
 		leaseLockCmd = unix.F_SETLK
 	}
@@ -71,7 +67,7 @@ func TestLeaseHelperProcess(t *testing.T) {
 // returns it with the first line it printed.
 func leaseChild(t *testing.T, role, dir string, classicLock bool) (*exec.Cmd, string) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestLeaseHelperProcess$")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), leaseHelperEnv+"="+role, leaseHelperDirEnv+"="+dir, "GORACE=atexit_sleep_ms=0")
 	if classicLock {
 		cmd.Env = append(cmd.Env, leaseHelperCmdEnv+"=1")

@@ -23,8 +23,8 @@ import (
 // The maintenance lease on a shared directory: two GlusterFS clients stand for two hosts.
 
 // Lease children: the test binary re-executed with leaseChildEnv naming the directory runs
-// TestLeaseChildProcess, which takes the lease there, prints leaseChildHeld and waits to be killed.
-// (Not a role of runChildRole: TestMain runs the tests, and the -test.run filter picks this one.)
+// leaseChild from TestMain, which takes the lease there, prints leaseChildHeld and waits to be
+// killed.
 const (
 	leaseChildEnv  = "URINGTIER_LINUX_TEST_LEASE_DIR"
 	leaseChildHeld = "child: lease held"
@@ -37,12 +37,8 @@ const (
 	leaseStaleMax = 3 * time.Second
 )
 
-// TestLeaseChildProcess is not a test: it is the body of the lease tests' child processes.
-func TestLeaseChildProcess(t *testing.T) {
-	dir := os.Getenv(leaseChildEnv)
-	if dir == "" {
-		t.Skip("the body of the lease tests' child processes")
-	}
+// leaseChild is the body of the lease tests' child processes, on dir. It exits.
+func leaseChild(dir string) {
 	l, err := blockstore.TryLease(dir, fmt.Sprintf("child pid %d", os.Getpid()))
 	if err == nil {
 		err = l.Publish([]byte("child state"))
@@ -61,7 +57,7 @@ func startLeaseChild(t *testing.T, dir string) *exec.Cmd {
 	t.Helper()
 	exe, err := os.Executable()
 	require.NoError(t, err)
-	cmd := exec.Command(exe, "-test.run=^TestLeaseChildProcess$")
+	cmd := exec.Command(exe, "-test.run=^$")
 	cmd.Env = append(os.Environ(), leaseChildEnv+"="+dir, "GORACE=atexit_sleep_ms=0")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

@@ -24,6 +24,9 @@ func TestMain(m *testing.M) {
 		os.Exit(2)
 	}
 	// A child started by TestCrashes or TestSeveralProcesses plays its role instead of testing.
+	if dir := os.Getenv(leaseChildEnv); dir != "" {
+		leaseChild(dir)
+	}
 	if code, ok := runChildRole(); ok {
 		os.Exit(code)
 	}
