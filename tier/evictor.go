@@ -142,11 +142,17 @@ func (e *evictor) tick(now time.Time) error {
 		return err
 	}
 	_, high, low := e.marks()
-	if e.index == nil {
+	switch {
+	case e.index == nil:
 		if err := e.scan(); err != nil {
 			return err
 		}
-	} else if e.dirty || fsUsed < 0 || fsUsed > high {
+	case !e.dirty && fsUsed >= 0 && fsUsed <= high:
+		// The whole filesystem holds less than the high mark: nothing to
+		// count. The usage stays the last count plus this tier's stores.
+		e.publish(t.cap.usage.Load(), now)
+		return nil
+	default:
 		start := time.Now()
 		rs, err := e.index.Refresh()
 		t.cap.rescanned.Add(uint64(rs.Changed))
