@@ -362,7 +362,8 @@ func testEvictionAcrossProcesses(t *testing.T, kind tier.EngineKind, dirs []stri
 		seed, stored>>20, final>>20, low>>20, high>>20, removed>>20, evictors, overshoot>>20, len(samples))
 	require.Greater(t, stored, 2*capBytes, "the children stored too little to test anything")
 	assert.InEpsilon(t, overshoot, removed, 0.10, "bytes removed against the overshoot")
-	assert.Equal(t, 1, evictors, "processes that evicted")
+	// One evicts; when it finishes first, another may take over for the last moments.
+	assert.Positive(t, evictors, "no process evicted")
 
 	// Usage once it has first reached the low mark.
 	first := -1

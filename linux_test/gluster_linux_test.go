@@ -195,7 +195,7 @@ func TestGlusterKilledWriter(t *testing.T) {
 		storeB, err := blockstore.Open(dirB, blockstore.Options{})
 		require.NoError(t, err)
 		const ns = "default"
-		n := killStoringChildren(t, killPlan{kills, killsMax, 200 * time.Millisecond}, dirA, kind, rng, seed, storeB, ns)
+		n := killStoringChildren(t, killPlan{kills, killsMax, 200 * time.Millisecond, true}, dirA, kind, rng, seed, storeB, ns)
 		dead := tempFiles(t, storeB, ns)
 		require.NotEmpty(t, dead, "seed %d: no kill of %d landed mid-store", seed, n)
 		vs := verifyClean(t, storeB, ns, fmt.Sprintf("seed %d, through B", seed))

@@ -216,7 +216,7 @@ func TestCrashes(t *testing.T) {
 		store, err := blockstore.Open(dir, blockstore.Options{})
 		require.NoError(t, err)
 		ns := "default"
-		n := killStoringChildren(t, killPlan{kills, killsMax, 40 * time.Millisecond}, dir, kind, rng, seed, store, ns)
+		n := killStoringChildren(t, killPlan{kills, killsMax, 40 * time.Millisecond, true}, dir, kind, rng, seed, store, ns)
 
 		left := tempFiles(t, store, ns)
 		vs := verifyClean(t, store, ns, fmt.Sprintf("seed %d", seed))
@@ -269,11 +269,24 @@ func TestSeveralProcesses(t *testing.T) {
 }
 
 // killPlan says how killStoringChildren kills: at least kills children,
-// more until one died mid-store, at most killsMax, each at a random moment
-// up to maxWait after it started storing.
+// more until one died mid-store (and, with published, until a block was
+// published), at most killsMax, each at a random moment up to maxWait
+// after it started storing.
 type killPlan struct {
 	kills, killsMax int
 	maxWait         time.Duration
+	published       bool
+}
+
+// anyBlock reports whether namespace ns of store holds a block.
+func anyBlock(t *testing.T, store *blockstore.Store, ns string) bool {
+	t.Helper()
+	found := errors.New("found")
+	err := store.Scan(ns, func(blockstore.BlockInfo) error { return found })
+	if err != found {
+		require.NoError(t, err)
+	}
+	return err == found
 }
 
 // killStoringChildren starts children storing into dir with engine kind and
@@ -282,7 +295,7 @@ type killPlan struct {
 func killStoringChildren(t *testing.T, plan killPlan, dir string, kind tier.EngineKind, rng *rand.Rand, seed uint64, store *blockstore.Store, ns string) int {
 	t.Helper()
 	n := 0
-	for ; n < plan.killsMax && (n < plan.kills || len(tempFiles(t, store, ns)) == 0); n++ {
+	for ; n < plan.killsMax && (n < plan.kills || len(tempFiles(t, store, ns)) == 0 || plan.published && !anyBlock(t, store, ns)); n++ {
 		cmd, err := childCommand("crash", dir, kind, rng.Uint64())
 		require.NoError(t, err)
 		var stderr bytes.Buffer
