@@ -3,11 +3,13 @@ package tier
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/uringtier/uringtier/blockstore"
 )
@@ -121,6 +123,7 @@ func TestCapacityFull(t *testing.T) {
 		for i := range idx {
 			idx[i], bufs[i] = i, testPayload(i)
 		}
+		waitStats(t, tr, "the first count", func(s Stats) bool { return s.Scans == 1 })
 		require.NoError(t, tr.Store(1, testKeys(idx...), bufs))
 		for _, s := range statuses(await(t, tr, 1)[1]) {
 			require.Equal(t, StatusStored, s)
@@ -163,6 +166,36 @@ func TestOneEvictor(t *testing.T) {
 		waitStats(t, other, "the usage published by the holder", func(s Stats) bool { return s.Usage == 3*testFileSize })
 		require.NoError(t, holder.Close(context.Background()))
 		waitStats(t, other, "a takeover", func(s Stats) bool { return s.Evictor })
+	})
+}
+
+// TestFullUntilCounted: until the usage is first known, a tier on a
+// filesystem that holds more than its capacity refuses stores; once a
+// count is published, it takes them. The test holds the lease itself, so
+// the tier never counts.
+func TestFullUntilCounted(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		dir := t.TempDir()
+		var sf unix.Statfs_t
+		require.NoError(t, unix.Statfs(dir, &sf))
+		require.Greater(t, int64(sf.Blocks-sf.Bfree)*sf.Bsize, int64(100*testFileSize), "the test needs a filesystem holding more than 100 blocks")
+		nsDir := filepath.Join(dir, "default")
+		require.NoError(t, os.Mkdir(nsDir, 0o755))
+		l, err := blockstore.TryLease(nsDir, "the test")
+		require.NoError(t, err)
+		defer l.Close()
+
+		tr := openTier(t, kind, dir, capacityOptions(100))
+		require.NoError(t, tr.Store(1, testKeys(0), [][]byte{testPayload(0)}))
+		r := await(t, tr, 1)[1]
+		require.Equal(t, StatusFull, r.Keys[0].Status, "a store before any count")
+		assert.Equal(t, "the test", tr.Stats().EvictorHolder)
+
+		require.NoError(t, l.Publish([]byte("usage 0 at 1\n")))
+		waitStats(t, tr, "the published count", func(s Stats) bool { return s.Usage == 0 })
+		require.NoError(t, tr.Store(2, testKeys(0), [][]byte{testPayload(0)}))
+		require.Equal(t, []Status{StatusStored}, statuses(await(t, tr, 2)[2]))
+		assert.Zero(t, tr.Stats().Scans, "a tier without the lease scanned")
 	})
 }
 

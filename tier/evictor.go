@@ -65,6 +65,30 @@ func newEvictor(t *Tier) *evictor {
 	}
 }
 
+// estimate sets the usage stores are admitted against until the first
+// count: the last one an evictor published in the lease file, else what
+// the whole filesystem holds (an upper bound: on a filesystem fuller than
+// the capacity, stores are refused until the evictor has counted).
+// Without it, tiers opened together each admitted stores from zero while
+// the first scan ran, and overshot the capacity threefold.
+func (e *evictor) estimate() {
+	t := e.t
+	var sf unix.Statfs_t
+	if err := unix.Statfs(t.nsDir, &sf); err == nil {
+		total := int64(sf.Blocks) * sf.Bsize
+		if s := t.opts.CapacityShare; s > 0 {
+			t.cap.limit.Store(int64(s * float64(total)))
+		}
+		t.cap.usage.Store(total - int64(sf.Bfree)*sf.Bsize)
+	}
+	if _, state, err := blockstore.ReadLease(t.nsDir); err == nil {
+		if usage, at, ok := parseState(state); ok {
+			e.lastAt = at
+			t.cap.usage.Store(usage)
+		}
+	}
+}
+
 // run is the evictor's goroutine, until stop.
 func (e *evictor) run() {
 	defer close(e.done)

@@ -33,6 +33,7 @@ var conformanceSuite = []struct {
 	{"TestCapacityFull", TestCapacityFull},
 	{"TestOneEvictor", TestOneEvictor},
 	{"TestStatfsSkipsRescans", TestStatfsSkipsRescans},
+	{"TestFullUntilCounted", TestFullUntilCounted},
 	{"TestBadInput", TestBadInput},
 	{"TestOpenRejectsBadOptions", TestOpenRejectsBadOptions},
 	{"TestBusyAtDepth", TestBusyAtDepth},

@@ -216,7 +216,11 @@ type Options struct {
 	// evictor behind) or the filesystem lacks room for the stores in
 	// flight, stores are refused before writing: StatusFull, ErrFull.
 	// Every tier sharing the directory should set it: any may become the
-	// evictor, and each records its hits (TouchInterval). See evictor.go.
+	// evictor, and each records its hits (TouchInterval). Until the usage
+	// is first known (the lease file's last published count, or the
+	// evictor's first scan, which Stats.Scans counts), a tier takes the
+	// whole filesystem's use for it: on a filesystem fuller than the
+	// capacity, stores are refused for that moment. See evictor.go.
 	Capacity int64
 	// CapacityShare is the bound as a share (0 to 1) of the filesystem's
 	// size instead; at most one of Capacity and CapacityShare.

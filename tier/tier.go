@@ -168,7 +168,7 @@ func Open(dir string, opts Options) (*Tier, error) {
 		qDir:    store.QuarantineDir(),
 		seed:    maphash.MakeSeed(),
 		ready:   make(chan struct{}, 1),
-		reqs:    make([]request, opts.Depth),
+		reqs:    make([]request, opts.Depth+1), // the last is the evictor's: callers filling Depth do not starve it
 		byID:    make(map[uint64]int32, opts.Depth),
 		done:    make([]doneEntry, 0, 2*opts.Depth),
 		closeCh: make(chan struct{}),
@@ -178,7 +178,7 @@ func Open(dir string, opts Options) (*Tier, error) {
 		t.log = slog.New(slog.DiscardHandler)
 	}
 	t.log = t.log.With("dir", nsDir)
-	for i := range t.reqs {
+	for i := range opts.Depth {
 		t.free = append(t.free, int32(opts.Depth-1-i))
 	}
 	if t.quarantines() {
@@ -196,6 +196,7 @@ func Open(dir string, opts Options) (*Tier, error) {
 	if t.capacityOn() {
 		t.cap.limit.Store(t.opts.Capacity)
 		t.evictor = newEvictor(t)
+		t.evictor.estimate()
 		go t.evictor.run()
 	}
 	return t, nil
@@ -394,11 +395,13 @@ func (t *Tier) submitOwn(op Op, keys [][]byte, own chan<- *request) (*request, e
 	return t.submitTo(0, op, false, keys, nil, own)
 }
 
-// releaseOwn frees the slot of a finished request of the tier's own.
+// ownSlot is the request slot kept for the tier's own requests.
+func ownSlot(t *Tier) int32 { return int32(len(t.reqs) - 1) }
+
+// releaseOwn lets go of a finished request of the tier's own.
 func (t *Tier) releaseOwn(r *request) {
 	t.mu.Lock()
 	clear(r.bufs)
-	t.free = append(t.free, r.slot)
 	t.mu.Unlock()
 }
 
@@ -424,13 +427,18 @@ func (t *Tier) submitTo(id uint64, op Op, prefixOnly bool, keys [][]byte, bufs [
 		t.mu.Unlock()
 		return nil, fmt.Errorf("%w: request %d is already in flight", ErrInvalid, id)
 	}
-	if len(t.free) == 0 {
+	var slot int32
+	switch {
+	case own != nil:
+		slot = ownSlot(t) // one request of its own at a time
+	case len(t.free) == 0:
 		t.mu.Unlock()
 		t.stats.busy.Add(1)
 		return nil, ErrBusy
+	default:
+		slot = t.free[len(t.free)-1]
+		t.free = t.free[:len(t.free)-1]
 	}
-	slot := t.free[len(t.free)-1]
-	t.free = t.free[:len(t.free)-1]
 	r := &t.reqs[slot]
 	r.own = own
 	if own == nil {
