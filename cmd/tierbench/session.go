@@ -114,12 +114,13 @@ func (s *session) intervalEvery() time.Duration {
 }
 
 // openTier opens a tier of the given engine on s.root with bufs aligned
-// buffers, filled with pseudo-random bytes for stores.
-func (s *session) openTier(kind tier.EngineKind, depth, batch, bufs int) (*tier.Tier, error) {
+// buffers, filled with pseudo-random bytes for stores; bounded, with the
+// capacity the flags ask for (populate writes its data set whole).
+func (s *session) openTier(kind tier.EngineKind, depth, batch, bufs int, bounded bool) (*tier.Tier, error) {
 	c := s.c
 	format, _ := c.blockFormat()                               // validated
 	onCorrupt, _ := blockstore.ParseCorruptAction(c.onCorrupt) // validated
-	tr, err := tier.Open(s.root, tier.Options{
+	opts := tier.Options{
 		BlockSize:        s.m.BlockSize,
 		Namespace:        c.namespace,
 		Engine:           kind,
@@ -140,7 +141,11 @@ func (s *session) openTier(kind tier.EngineKind, depth, batch, bufs int) (*tier.
 		Format:           format,
 		OnCorrupt:        onCorrupt,
 		VLLM:             c.vllm,
-	})
+	}
+	if bounded {
+		opts.Capacity, opts.CapacityShare, opts.EvictMinAge = int64(c.capacity), c.capacityShare, c.evictMinAge
+	}
+	tr, err := tier.Open(s.root, opts)
 	if err != nil {
 		return nil, err
 	}
