@@ -52,6 +52,11 @@ func cmdEvict(ctx context.Context, c *config) error {
 	if lowShare == 0 {
 		lowShare = math.SmallestNonzeroFloat64
 	}
+	// The tier's low mark is int64(capacity × share): round the share up
+	// until that is --low-size, not a byte below it.
+	for int64(float64(c.maxSize)*lowShare) < int64(low) && lowShare < 1 {
+		lowShare = math.Nextafter(lowShare, 2)
+	}
 	minAge := c.minAge
 	if minAge == 0 {
 		minAge = -1 // the tier's "none"; its 0 is a default of 10 s
