@@ -5,8 +5,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/dustin/go-humanize"
@@ -24,10 +26,10 @@ const evictBlockSize = 4096
 const evictProgressEvery = time.Second
 
 func evictFlags(fs *flag.FlagSet, c *config) {
-	fs.Var(&c.maxSize, "max-size", "evict least recently used blocks of the namespace while its usage is above this (required)")
+	fs.Var(&c.maxSize, "max-size", "evict least recently used blocks of the namespace (--namespace; with --layout vllm the rank directory of --model) while its usage is above this (required)")
 	fs.Var(&c.lowSize, "low-size", "with usage above --max-size, evict down to this instead (default: --max-size; 0: every block old enough)")
 	fs.DurationVar(&c.minAge, "min-age", 0, "keep blocks used (stored, found, loaded) more recently than this (0: none but those of the last second)")
-	fs.Var(&c.blockSize, "block-size", "raw blocks: the size of a block file (default: the data set's, as populate recorded it)")
+	fs.Var(&c.blockSize, "block-size", "the tier's block size, which only its admission of stores uses (default: the data set's, as populate recorded it, else 4KiB)")
 }
 
 // cmdEvict runs one pass of the tier's evictor on the namespace (with
@@ -61,13 +63,19 @@ func cmdEvict(ctx context.Context, c *config) error {
 	if minAge == 0 {
 		minAge = -1 // the tier's "none"; its 0 is a default of 10 s
 	}
+	// A namespace that is not there holds nothing; opening a tier on it
+	// would create it.
+	if _, err := os.Stat(filepath.Join(c.dir, c.namespace)); errors.Is(err, fs.ErrNotExist) {
+		return printEvicted(c, low, tier.Stats{})
+	}
 	tr, err := tier.Open(c.dir, tier.Options{
 		BlockSize:     evictTierBlockSize(c),
 		Namespace:     c.namespace,
 		Layout:        evictLayout(c),
 		Format:        must(c.blockFormat()),
 		VLLM:          c.vllm,
-		NoDirect:      true, // no payload moves: skip the O_DIRECT probe
+		OnCorrupt:     blockstore.CorruptLeave, // it loads nothing: no quarantine directory
+		NoDirect:      true,                    // no payload moves: skip the O_DIRECT probe
 		Rings:         1,
 		Capacity:      int64(c.maxSize),
 		HighWatermark: 1, // evict only above --max-size
@@ -104,6 +112,11 @@ func cmdEvict(ctx context.Context, c *config) error {
 	if err := closeTier(tr); err != nil {
 		return err
 	}
+	return printEvicted(c, low, st)
+}
+
+// printEvicted says what the evictor did, by its tier's counters st.
+func printEvicted(c *config, low sizeFlag, st tier.Stats) error {
 	used := st.Usage + int64(st.EvictedBytes)
 	freed, removed := int64(st.EvictedBytes), int64(st.Evicted)
 	if c.json {
@@ -128,7 +141,8 @@ func cmdEvict(ctx context.Context, c *config) error {
 	case removed == 0 && young == "":
 		fmt.Fprintf(c.stdout, "%s used in %s, at most %s: nothing to evict\n", humanize.IBytes(uint64(used)), where, humanize.IBytes(uint64(c.maxSize)))
 	case removed == 0:
-		fmt.Fprintf(c.stdout, "%s used in %s, above %s: nothing evicted%s\n", humanize.IBytes(uint64(used)), where, humanize.IBytes(uint64(c.maxSize)), young)
+		fmt.Fprintf(c.stdout, "%s used in %s, above %s: nothing evicted; every block was used within the last second or --min-age (%v)\n",
+			humanize.IBytes(uint64(used)), where, humanize.IBytes(uint64(c.maxSize)), c.minAge)
 	default:
 		fmt.Fprintf(c.stdout, "%s used in %s: evicted %s least recently used blocks (%s), now %s%s\n",
 			humanize.IBytes(uint64(used)), where, humanize.Comma(removed), humanize.IBytes(uint64(freed)), humanize.IBytes(uint64(st.Usage)), young)

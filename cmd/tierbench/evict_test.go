@@ -109,9 +109,11 @@ func TestEvictOldest(t *testing.T) {
 func TestEvictText(t *testing.T) {
 	dir := t.TempDir()
 	mustRun(t, "populate", "--dir", dir, "--blocks", "16", "--block-size", "4KiB")
+	require.NoError(t, os.Remove(filepath.Join(dir, "~quarantine"))) // populate's tier made it
 	// Blocks used just now stay with --min-age: nothing evicted, and why.
 	out := mustRun(t, "evict", "--dir", dir, "--max-size", "40KiB", "--min-age", "1h")
-	assert.Contains(t, out, "128 KiB used in "+dir+" (namespace default), above 40 KiB: nothing evicted; the other blocks were used within the last second or --min-age (1h0m0s)")
+	assert.Contains(t, out, "128 KiB used in "+dir+" (namespace default), above 40 KiB: nothing evicted; every block was used within the last second or --min-age (1h0m0s)")
+	assert.NoDirExists(t, filepath.Join(dir, "~quarantine"), "evict made a quarantine directory")
 	backdate(t, dir, "default", 2*time.Hour)
 	out = mustRun(t, "evict", "--dir", dir, "--max-size", "40KiB")
 	assert.Equal(t, "128 KiB used in "+dir+" (namespace default): evicted 11 least recently used blocks (88 KiB), now 40 KiB\n", out)
@@ -238,6 +240,11 @@ func TestStoreFullNotError(t *testing.T) {
 
 func TestEvictBadUsage(t *testing.T) {
 	dir := t.TempDir()
+	// A namespace that is not there is empty, and stays absent.
+	ev := parseEvict(t, mustRun(t, "evict", "--dir", dir, "--namespace", "absent", "--max-size", "1MiB", "--json"))
+	assert.Equal(t, evictJSON{Command: "evict", Namespace: "absent", MaxSize: 1 << 20, LowSize: 1 << 20}, ev)
+	assert.NoDirExists(t, filepath.Join(dir, "absent"))
+
 	for _, c := range []struct {
 		args []string
 		want string
