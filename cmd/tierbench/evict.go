@@ -23,7 +23,7 @@ import (
 const evictBlockSize = 4096
 
 // evictProgressEvery is how often evict reports the first scan's progress.
-const evictProgressEvery = time.Second
+var evictProgressEvery = time.Second // tests shorten it
 
 func evictFlags(fs *flag.FlagSet, c *config) {
 	fs.Var(&c.maxSize, "max-size", "evict least recently used blocks of the namespace (--namespace; with --layout vllm the rank directory of --model) while its usage is above this (required)")

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io/fs"
@@ -8,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -262,4 +264,25 @@ func TestEvictBadUsage(t *testing.T) {
 		assert.Empty(t, stdout, "%v", c.args)
 		assert.Contains(t, stderr, c.want, "%v", c.args)
 	}
+}
+
+// TestReportProgress: a line per period while the scan runs, none after.
+func TestReportProgress(t *testing.T) {
+	defer func(d time.Duration) { evictProgressEvery = d }(evictProgressEvery)
+	evictProgressEvery = 5 * time.Millisecond
+	var stderr bytes.Buffer
+	c := &config{command: "evict", stderr: &stderr}
+	var blocks atomic.Int64
+	var running atomic.Bool
+	running.Store(true)
+	stop := reportProgress(c, func() (int64, bool) { return blocks.Add(4096), running.Load() })
+	time.Sleep(50 * time.Millisecond)
+	running.Store(false)
+	time.Sleep(20 * time.Millisecond)
+	stop()
+	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+	require.GreaterOrEqual(t, len(lines), 2, stderr.String())
+	assert.Equal(t, "tierbench evict: scanned 4,096 blocks", lines[0])
+	assert.Equal(t, "tierbench evict: scanned 8,192 blocks", lines[1])
+	assert.Less(t, len(lines), 15, "lines after the scan ended:\n%s", stderr.String())
 }
