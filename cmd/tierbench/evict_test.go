@@ -286,3 +286,47 @@ func TestReportProgress(t *testing.T) {
 	assert.Equal(t, "tierbench evict: scanned 8,192 blocks", lines[1])
 	assert.Less(t, len(lines), 15, "lines after the scan ended:\n%s", stderr.String())
 }
+
+// TestStoreCapacityJobs: with --jobs, one job's tier evicts; the sum row
+// adds every job's full stores and evictions.
+func TestStoreCapacityJobs(t *testing.T) {
+	dir := t.TempDir()
+	mustRun(t, "populate", "--dir", dir, "--blocks", "64", "--block-size", "4KiB")
+	backdate(t, dir, "default", time.Hour)
+	out := mustRun(t, "store", "--dir", dir, "--engine", "sync", "--jobs", "2", "--duration", "1s", "--batch", "8", "--depth", "2",
+		"--capacity", "256KiB", "--json")
+	type row struct {
+		Job, Jobs         int
+		Keys, Found, Full int64
+		Errors            int64
+		Evicted           uint64 `json:"evicted"`
+		EvictedBytes      uint64 `json:"evicted_bytes"`
+		Evictor           bool   `json:"evictor"`
+	}
+	var rows []row
+	for _, l := range jsonLines(t, out) {
+		var r row
+		require.NoError(t, json.Unmarshal([]byte(l), &r), l)
+		rows = append(rows, r)
+	}
+	require.Len(t, rows, 3, out)
+	sum := row{Job: -1, Jobs: 2}
+	evictors := 0
+	for _, r := range rows[:2] {
+		assert.Zero(t, r.Errors)
+		sum.Keys += r.Keys
+		sum.Found += r.Found
+		sum.Full += r.Full
+		sum.Evicted += r.Evicted
+		sum.EvictedBytes += r.EvictedBytes
+		sum.Evictor = sum.Evictor || r.Evictor
+		if r.Evictor {
+			evictors++
+		} else {
+			assert.Zero(t, r.Evicted, "job %d evicted without the lease", r.Job)
+		}
+	}
+	assert.Equal(t, 1, evictors, "one job holds the lease: %s", out)
+	assert.Positive(t, sum.Evicted, out)
+	assert.Equal(t, sum, rows[2])
+}
