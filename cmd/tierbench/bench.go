@@ -416,6 +416,8 @@ func (d *driver) account(results []tier.KeyResult, keys [][]byte) {
 		switch {
 		case k.Status == tier.StatusMissing || k.Status == tier.StatusSkipped:
 			res.Missing++
+		case k.Status == tier.StatusFull:
+			res.Full++
 		case k.Status.OK():
 			res.Found++
 			if d.w.op != tier.OpLookup {

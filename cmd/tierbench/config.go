@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -75,7 +76,13 @@ type config struct {
 	olderThan time.Duration
 	maxSize   sizeFlag
 	lowSize   sizeFlag
+	minAge    time.Duration // evict: blocks used more recently stay; 0: none
 	repair    bool
+
+	// capacity of the tier the workloads open (0: unbounded)
+	capacity      sizeFlag
+	capacityShare float64
+	evictMinAge   time.Duration // 0: the tier's default
 
 	// mixed
 	mix        perOp    // streams of each workload at once on one tier
@@ -298,6 +305,12 @@ func (c *config) validate() error {
 		if !c.isSet("max-size") {
 			return usagef("--max-size is required")
 		}
+		if c.maxSize == 0 || c.maxSize > math.MaxInt64 {
+			return usagef("--max-size %v: want a positive size", &c.maxSize)
+		}
+		if c.minAge < 0 {
+			return usagef("--min-age %v: want 0 or more", c.minAge)
+		}
 		if c.lowSize > c.maxSize {
 			return usagef("--low-size %v is above --max-size %v", &c.lowSize, &c.maxSize)
 		}
@@ -349,6 +362,9 @@ func (c *config) validateWorkload() error {
 		if v < 0 {
 			return usagef("--%s %d: want a positive number (0: the tier's default)", name, v)
 		}
+	}
+	if c.capacity > math.MaxInt64 || c.capacityShare < 0 || c.capacityShare > 1 || c.capacity > 0 && c.capacityShare > 0 {
+		return usagef("--capacity %v, --capacity-share %g: want one of a size and a fraction from 0 to 1", &c.capacity, c.capacityShare)
 	}
 	if c.cacheTTL < 0 || c.lookupTimeout < 0 || c.ioTimeout < 0 || c.interval < 0 {
 		return usagef("--cache-ttl, --lookup-timeout, --io-timeout and --interval must not be negative")

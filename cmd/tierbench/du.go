@@ -4,19 +4,23 @@ import (
 	"context"
 	"fmt"
 	"text/tabwriter"
+	"time"
 
 	"github.com/dustin/go-humanize"
 )
 
 // cmdDu prints the blocks and bytes of every namespace (or of --namespace
-// when given).
+// when given), each counted by one scan of a blockstore.Index. A scan that
+// takes longer than a second reports its progress on stderr.
 func cmdDu(_ context.Context, c *config) error {
 	s, err := openStore(c)
 	if err != nil {
 		return err
 	}
-	usage, err := s.Usage()
-	if err != nil {
+	var names []string
+	if c.isSet("namespace") || c.vllm != nil {
+		names = []string{c.namespace}
+	} else if names, err = s.Namespaces(); err != nil {
 		return err
 	}
 	type nsUsage struct {
@@ -30,13 +34,28 @@ func cmdDu(_ context.Context, c *config) error {
 		Bytes      int64     `json:"bytes"`
 		Namespaces []nsUsage `json:"namespaces"`
 	}{Command: "du", Namespaces: []nsUsage{}}
-	for _, u := range usage {
-		if (c.isSet("namespace") || c.vllm != nil) && u.Namespace != c.namespace {
-			continue
+	for _, ns := range names {
+		idx, err := s.NewIndex(ns)
+		if err != nil {
+			return err
 		}
-		out.Namespaces = append(out.Namespaces, nsUsage(u))
-		out.Blocks += u.Blocks
-		out.Bytes += u.Bytes
+		start, last := time.Now(), time.Now()
+		err = idx.Scan(func(blocks, _ int64) {
+			if now := time.Now(); !c.json && now.Sub(start) > time.Second && now.Sub(last) >= time.Second {
+				last = now
+				fmt.Fprintf(c.stderr, "tierbench du: %s: scanned %s blocks\n", ns, humanize.Comma(blocks))
+			}
+		})
+		if err != nil {
+			return err
+		}
+		blocks, bytes := idx.Usage()
+		if blocks == 0 {
+			continue // as a namespace without blocks always was: not listed
+		}
+		out.Namespaces = append(out.Namespaces, nsUsage{ns, blocks, bytes})
+		out.Blocks += blocks
+		out.Bytes += bytes
 	}
 	if c.json {
 		return printJSON(c, out)

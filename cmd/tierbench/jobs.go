@@ -253,6 +253,10 @@ func sumResults(rs []*result) *result {
 		t.Found += r.Found
 		t.Missing += r.Missing
 		t.Errors += r.Errors
+		t.Full += r.Full
+		t.Evicted += r.Evicted
+		t.EvictedBytes += r.EvictedBytes
+		t.Evictor = t.Evictor || r.Evictor
 		t.Busy += r.Busy
 		t.Shared += r.Shared
 		if workloadOps[r.Workload] != tier.OpLookup {

@@ -69,10 +69,11 @@ func (c *config) validateLayout() error {
 
 // needsNamespace reports whether the command works in one namespace: all
 // but the maintenance of the whole directory (verify and du without one
-// cover every namespace; clean and evict always do).
+// cover every namespace; clean always does). evict works in one: the
+// capacity and the evictor's lease are a namespace directory's.
 func (c *config) needsNamespace() bool {
 	switch c.command {
-	case "verify", "du", "clean", "evict", "report":
+	case "verify", "du", "clean", "report":
 		return false
 	}
 	return true

@@ -83,6 +83,7 @@ func TestVLLMLayout(t *testing.T) {
 	}
 	assert.FileExists(t, kept)
 
+	backdate(t, dir, v.Namespace(), time.Hour) // the evictor takes no block used within the last second
 	out = mustRun(t, args("evict", dir, vflags, []string{"--max-size", "1MiB", "--json"})...)
 	var ev struct {
 		UsedSize  int64 `json:"used_size"`

@@ -60,7 +60,7 @@ var commands = []command{
 	{"verify", "checksum every block; exit status 1 if corrupt blocks remain", verifyFlags, cmdVerify},
 	{"clean", "remove temporary files left by writers that died", cleanFlags, cmdClean},
 	{"du", "blocks and bytes per namespace", nil, cmdDu},
-	{"evict", "remove least recently used blocks down to a size", evictFlags, cmdEvict},
+	{"evict", "one pass of the tier's evictor: above --max-size, remove a namespace's least recently used blocks", evictFlags, cmdEvict},
 }
 
 // usageError is bad usage: run prints it with the usage text and exits 2.

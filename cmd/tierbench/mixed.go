@@ -131,7 +131,7 @@ func (s *session) runMixed(ctx context.Context, kind tier.EngineKind) ([]*result
 			bufs += n * s.depthFor(name) * s.batchFor(name)
 		}
 	}
-	tr, err := s.openTier(kind, depth, batch, bufs)
+	tr, err := s.openTier(kind, depth, batch, bufs, true)
 	if err != nil {
 		return nil, err
 	}
@@ -144,6 +144,7 @@ func (s *session) runMixed(ctx context.Context, kind tier.EngineKind) ([]*result
 		phases = []string{phaseBaseline, phaseMixed}
 	}
 	var out []*result
+	var ev evictions
 	var next uint64 // the next driver's stream
 	for _, phase := range phases {
 		if ctx.Err() != nil {
@@ -152,7 +153,15 @@ func (s *session) runMixed(ctx context.Context, kind tier.EngineKind) ([]*result
 		if s.c.cold {
 			s.dropCaches()
 		}
-		out = append(out, s.runPhase(ctx, tr, phase, streams, &next)...)
+		rs := s.runPhase(ctx, tr, phase, streams, &next)
+		// The phase's evictions go to its store row, or its first.
+		for i, r := range rs {
+			if r.Workload == "store" || i == len(rs)-1 {
+				ev.note(r, tr)
+				break
+			}
+		}
+		out = append(out, rs...)
 	}
 	return out, closeTier(tr)
 }

@@ -75,6 +75,11 @@ func (s *session) report(rs []*result) error {
 		for _, r := range s.ratios {
 			fmt.Fprintln(c.stdout, r.text)
 		}
+		for _, r := range rs {
+			if line := evictionLine(r, c.jobs > 1); line != "" {
+				fmt.Fprintln(c.stdout, line)
+			}
+		}
 		seen := map[string]bool{}
 		for _, r := range rs {
 			if !seen[r.EngineLine] && r.EngineLine != "" {
@@ -106,10 +111,11 @@ func (s *session) report(rs []*result) error {
 // printTable prints one row per engine × workload (× job, with --jobs;
 // × phase, for mixed).
 func printTable(w io.Writer, rs []*result) {
-	jobs, phases := false, false
+	jobs, phases, full := false, false, false
 	for _, r := range rs {
 		jobs = jobs || r.Jobs > 1 || r.Job > 0
 		phases = phases || r.Phase != ""
+		full = full || r.Full > 0
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	job := ""
@@ -119,7 +125,11 @@ func printTable(w io.Writer, rs []*result) {
 	if phases {
 		job = "phase   \t" + job
 	}
-	fmt.Fprintln(tw, "engine  \tworkload\t"+job+"batch\tkeys\tkeys/s\tbytes/s\thit\tp50\tp99\tp99.9\tmax\tcaller p99.9\tcaller max\tcpu/key\terrors\t")
+	fullHead := ""
+	if full {
+		fullHead = "full\t"
+	}
+	fmt.Fprintln(tw, "engine  \tworkload\t"+job+"batch\tkeys\tkeys/s\tbytes/s\thit\tp50\tp99\tp99.9\tmax\tcaller p99.9\tcaller max\tcpu/key\t"+fullHead+"errors\t")
 	for _, r := range rs {
 		rate := "-"
 		if workloadOps[r.Workload] != tier.OpLookup {
@@ -139,11 +149,37 @@ func printTable(w io.Writer, rs []*result) {
 		if phases {
 			job = fmt.Sprintf("%-8s\t", r.Phase) + job
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n",
+		fullCol := ""
+		if full {
+			fullCol = humanize.Comma(r.Full) + "\t"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s%d\t\n",
 			fmt.Sprintf("%-8s", r.Engine), fmt.Sprintf("%-8s", r.Workload), job, r.Batch, humanize.Comma(r.Keys), humanize.Comma(int64(r.KeysPerSec)), rate, hit,
-			dur(r.LatencyUS.P50), dur(r.LatencyUS.P99), dur(r.LatencyUS.P999), dur(r.LatencyUS.Max), dur(r.CallerUS.P999), dur(r.CallerMaxUS), dur(r.CPUUSPerKey), r.Errors)
+			dur(r.LatencyUS.P50), dur(r.LatencyUS.P99), dur(r.LatencyUS.P999), dur(r.LatencyUS.Max), dur(r.CallerUS.P999), dur(r.CallerMaxUS), dur(r.CPUUSPerKey), fullCol, r.Errors)
 	}
 	tw.Flush()
+}
+
+// evictionLine says what the tier's evictor removed during r's workload,
+// and whether this job's tier was the evictor; "" when it removed nothing.
+// With jobs, only the jobs' rows say so, not their sum.
+func evictionLine(r *result, jobs bool) string {
+	if r.Evicted == 0 || jobs && r.Job < 0 {
+		return ""
+	}
+	who := "this tier held the lease"
+	if jobs {
+		who = fmt.Sprintf("job %d held the lease", r.Job)
+	}
+	if !r.Evictor {
+		who = "the lease was lost meanwhile"
+	}
+	phase := ""
+	if r.Phase != "" {
+		phase = " " + r.Phase
+	}
+	return fmt.Sprintf("%s %s%s: evicted %s blocks (%s) to stay within the capacity; %s",
+		r.Engine, r.Workload, phase, humanize.Comma(int64(r.Evicted)), humanize.IBytes(r.EvictedBytes), who)
 }
 
 // dur prints microseconds with three significant digits and a unit.

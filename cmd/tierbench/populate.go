@@ -70,7 +70,7 @@ func (s *session) populate(ctx context.Context) (*result, error) {
 	saved := s.root
 	s.root = s.backing // populate never goes through the FUSE latency
 	depth := s.depthFor("store")
-	tr, err := s.openTier(kind, depth, batch, depth*batch)
+	tr, err := s.openTier(kind, depth, batch, depth*batch, false)
 	s.root = saved
 	if err != nil {
 		return nil, err

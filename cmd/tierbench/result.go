@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/uringtier/uringtier/latency"
+	"github.com/uringtier/uringtier/tier"
 )
 
 // result is one engine × workload measurement, of one job or of all jobs.
@@ -64,6 +65,17 @@ type result struct {
 	// row sums, each with Depth batches in flight.
 	Phase   string `json:"phase,omitempty"`
 	Streams int    `json:"streams,omitempty"`
+	// Full counts stores the tier refused for want of room (StatusFull:
+	// the namespace at its --capacity, every block too young to evict,
+	// or the filesystem full); not errors.
+	Full int64 `json:"full"`
+	// Evicted and EvictedBytes are the blocks and bytes the tier's
+	// evictor removed during the workload (in a mixed phase, on its store
+	// row); Evictor whether this job's tier held the namespace's lease,
+	// so was the one evicting (on a sum of jobs: any of them).
+	Evicted      uint64 `json:"evicted"`
+	EvictedBytes uint64 `json:"evicted_bytes"`
+	Evictor      bool   `json:"evictor"`
 
 	hist       latency.Counts // batch latencies: submit call to the Poll that returned the result
 	opHist     latency.Counts // the tier's kernel operation latencies during the workload
@@ -151,3 +163,17 @@ type intervalSample struct {
 }
 
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+
+// evictions attributes a tier's evictions to the workloads run on it in
+// turn: each result gets those since the previous one's end (the first,
+// those since the tier opened, whose evictor starts with a pass).
+type evictions struct {
+	blocks, bytes uint64 // the tier's counters when the last result was noted
+}
+
+// note sets r's eviction figures from tr's counters.
+func (e *evictions) note(r *result, tr *tier.Tier) {
+	st := tr.Stats()
+	r.Evicted, r.EvictedBytes, r.Evictor = st.Evicted-e.blocks, st.EvictedBytes-e.bytes, st.Evictor
+	e.blocks, e.bytes = st.Evicted, st.EvictedBytes
+}

@@ -114,12 +114,13 @@ func (s *session) intervalEvery() time.Duration {
 }
 
 // openTier opens a tier of the given engine on s.root with bufs aligned
-// buffers, filled with pseudo-random bytes for stores.
-func (s *session) openTier(kind tier.EngineKind, depth, batch, bufs int) (*tier.Tier, error) {
+// buffers, filled with pseudo-random bytes for stores; bounded, with the
+// capacity the flags ask for (populate writes its data set whole).
+func (s *session) openTier(kind tier.EngineKind, depth, batch, bufs int, bounded bool) (*tier.Tier, error) {
 	c := s.c
 	format, _ := c.blockFormat()                               // validated
 	onCorrupt, _ := blockstore.ParseCorruptAction(c.onCorrupt) // validated
-	tr, err := tier.Open(s.root, tier.Options{
+	opts := tier.Options{
 		BlockSize:        s.m.BlockSize,
 		Namespace:        c.namespace,
 		Engine:           kind,
@@ -140,7 +141,16 @@ func (s *session) openTier(kind tier.EngineKind, depth, batch, bufs int) (*tier.
 		Format:           format,
 		OnCorrupt:        onCorrupt,
 		VLLM:             c.vllm,
-	})
+	}
+	if bounded && (c.capacity > 0 || c.capacityShare > 0) {
+		opts.Capacity, opts.CapacityShare, opts.EvictMinAge = int64(c.capacity), c.capacityShare, c.evictMinAge
+		// A request slot the workloads never fill, for the evictor's
+		// deletes: a delete the tier refuses (ErrBusy) waits for its
+		// next look, a second later, and a workload keeps every slot of
+		// its depth busy.
+		opts.Depth++
+	}
+	tr, err := tier.Open(s.root, opts)
 	if err != nil {
 		return nil, err
 	}

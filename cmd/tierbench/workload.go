@@ -54,6 +54,9 @@ func workloadFlags(withData bool) func(*flag.FlagSet, *config) {
 		fs.DurationVar(&c.lookupTimeout, "lookup-timeout", 0, "tier option LookupTimeout (0: 5s)")
 		fs.DurationVar(&c.ioTimeout, "io-timeout", 0, "tier option IOTimeout for loads and stores (0: 30s)")
 		onCorruptFlag(fs, c)
+		fs.Var(&c.capacity, "capacity", "tier option Capacity: bound the namespace's block files to this size; the tier evicts the least recently used, and stores it cannot admit end full, not failed (0: no bound)")
+		fs.Float64Var(&c.capacityShare, "capacity-share", 0, "tier option CapacityShare: the bound as a fraction of the filesystem's size instead of --capacity")
+		fs.DurationVar(&c.evictMinAge, "evict-min-age", 0, "tier option EvictMinAge: blocks used more recently are never evicted (0: the tier's 10s; negative: none)")
 
 		fs.DurationVar(&c.interval, "interval", 0, "print a line every interval (keys/s, bytes/s, p50, p99, in flight); with --json, an object")
 		fs.StringVar(&c.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics during the run (e.g. :9090; with --jobs, job j on port+j)")
@@ -153,7 +156,7 @@ func (s *session) runEngine(ctx context.Context, kind tier.EngineKind, names []s
 			bufs = max(bufs, depth*batch)
 		}
 	}
-	tr, err := s.openTier(kind, depthMax, batchMax, bufs)
+	tr, err := s.openTier(kind, depthMax, batchMax, bufs, true)
 	if err != nil {
 		return nil, err
 	}
@@ -162,6 +165,7 @@ func (s *session) runEngine(ctx context.Context, kind tier.EngineKind, names []s
 	defer s.metrics.set(nil)
 	info := tr.Engine()
 	var out []*result
+	var ev evictions
 	for _, name := range names {
 		if ctx.Err() != nil {
 			break
@@ -189,6 +193,7 @@ func (s *session) runEngine(ctx context.Context, kind tier.EngineKind, names []s
 		}
 		r := drive(ctx, tr, w, depth, bufs, lim)
 		s.label(r, info)
+		ev.note(r, tr)
 		if name == "store" {
 			s.m.Blocks = max(s.m.Blocks, s.storeBase+s.stored)
 		}
