@@ -144,11 +144,6 @@ func (s *session) openTier(kind tier.EngineKind, depth, batch, bufs int, bounded
 	}
 	if bounded && (c.capacity > 0 || c.capacityShare > 0) {
 		opts.Capacity, opts.CapacityShare, opts.EvictMinAge = int64(c.capacity), c.capacityShare, c.evictMinAge
-		// A request slot the workloads never fill, for the evictor's
-		// deletes: a delete the tier refuses (ErrBusy) waits for its
-		// next look, a second later, and a workload keeps every slot of
-		// its depth busy.
-		opts.Depth++
 	}
 	tr, err := tier.Open(s.root, opts)
 	if err != nil {
