@@ -10,9 +10,10 @@ import (
 // evictor, and whether the filesystem has run out of space. Atomic: every
 // owner reads it.
 type capacity struct {
-	limit     atomic.Int64 // bytes; 0: no limit
-	usage     atomic.Int64 // bytes of blocks, as last counted plus this tier's stores since
-	fullUntil atomic.Int64 // Unix ns: the filesystem reported no space; stores are refused until then
+	limit      atomic.Int64 // bytes; 0: no limit
+	usage      atomic.Int64 // bytes of blocks, as last counted plus this tier's stores since
+	sinceCount atomic.Int64 // bytes this tier stored since the last count (or poke)
+	fullUntil  atomic.Int64 // Unix ns: the filesystem reported no space; stores are refused until then
 
 	evicted      atomic.Uint64
 	evictedBytes atomic.Uint64

@@ -37,6 +37,28 @@ import (
 // evictBatch is the most blocks one delete request of the evictor removes.
 const evictBatch = 256
 
+// minLookGap is the least time between two looks of an evictor, however
+// pressed or poked.
+const minLookGap = 10 * time.Millisecond
+
+// pokeShare: a tier that has stored this share of the capacity since the
+// usage was last counted has its evictor look at once (a holder counts
+// and evicts, another learns the holder's latest count).
+const pokeShare = 20
+
+// stored counts n bytes this tier stored since the last count, and pokes
+// the evictor when they add up to 1/pokeShare of the capacity.
+func (t *Tier) stored(n int64) {
+	t.cap.usage.Add(n)
+	if t.cap.sinceCount.Add(n) > t.cap.limit.Load()/pokeShare {
+		t.cap.sinceCount.Store(0)
+		select {
+		case t.evictor.poke <- struct{}{}:
+		default:
+		}
+	}
+}
+
 type evictor struct {
 	t       *Tier
 	stop    chan struct{}
@@ -51,6 +73,8 @@ type evictor struct {
 	state   []byte
 	lastAt  int64           // when the holder counted the usage last learned from the lease file
 	kick    chan chan error // EvictNow: run a pass now, say how it went
+	poke    chan struct{}   // this tier stored much since the last count: look sooner
+	pressed bool            // usage was above the high mark at the last look
 }
 
 func newEvictor(t *Tier) *evictor {
@@ -62,6 +86,7 @@ func newEvictor(t *Tier) *evictor {
 		holder: fmt.Sprintf("%s pid %d", host, os.Getpid()),
 		own:    make(chan *request, 1),
 		kick:   make(chan chan error),
+		poke:   make(chan struct{}, 1),
 	}
 }
 
@@ -93,20 +118,38 @@ func (e *evictor) estimate() {
 func (e *evictor) run() {
 	defer close(e.done)
 	defer e.release()
-	tick := time.NewTicker(e.t.opts.EvictInterval)
-	defer tick.Stop()
+	timer := time.NewTimer(e.t.opts.EvictInterval)
+	defer timer.Stop()
 	var reply chan error
 	for {
-		err := e.tick(time.Now())
+		start := time.Now()
+		err := e.tick(start)
 		if reply != nil {
 			reply <- err
 			reply = nil
 		}
+		// Under pressure, look again as soon as the last look's cost
+		// allows: stores keep coming between looks.
+		next := e.t.opts.EvictInterval
+		if e.pressed {
+			next = min(next, max(minLookGap, 2*time.Since(start)))
+		}
+		timer.Reset(next)
 		select {
 		case <-e.stop:
 			return
-		case <-tick.C:
+		case <-timer.C:
 		case reply = <-e.kick:
+		case <-e.poke:
+			if wait := minLookGap - time.Since(start); wait > 0 {
+				time.Sleep(wait)
+			}
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
 		}
 	}
 }
@@ -174,6 +217,7 @@ func (e *evictor) tick(now time.Time) error {
 	case !e.dirty && fsUsed >= 0 && fsUsed <= high:
 		// The whole filesystem holds less than the high mark: nothing to
 		// count. The usage stays the last count plus this tier's stores.
+		e.pressed = false
 		e.publish(t.cap.usage.Load(), now)
 		return nil
 	default:
@@ -189,6 +233,8 @@ func (e *evictor) tick(now time.Time) error {
 	}
 	_, usage := e.index.Usage()
 	t.cap.usage.Store(usage)
+	t.cap.sinceCount.Store(0)
+	e.pressed = usage > high
 	if usage > high {
 		start := time.Now()
 		before := usage
@@ -230,7 +276,10 @@ func (e *evictor) takeLease() error {
 		if at != e.lastAt {
 			e.lastAt = at
 			t.cap.usage.Store(usage)
+			t.cap.sinceCount.Store(0)
 		}
+		_, high, _ := e.marks()
+		e.pressed = usage > high
 	} else {
 		t.log.Debug("tier: evictor: no usage in the lease", "state", string(state))
 	}

@@ -336,7 +336,7 @@ func (s *shard) mine(h uint64) bool {
 // last: eviction must not stall the work it makes room for.
 const (
 	storesMax  = 16
-	deletesMax = 8
+	deletesMax = 32
 )
 
 // startKeys starts the keys of queued requests while ops are free: those
@@ -602,7 +602,7 @@ func (s *shard) finish(j int32, now time.Time) {
 	switch {
 	case !s.t.capacityOn():
 	case o.status == StatusStored:
-		s.t.cap.usage.Add(s.t.fileSize())
+		s.t.stored(s.t.fileSize())
 	case o.status == StatusDeleted:
 		s.t.cap.usage.Add(-s.t.fileSize())
 	}
