@@ -485,6 +485,7 @@ func TestRecencyOnNoatime(t *testing.T) {
 		tr := openTier(t, kind, dir, func(o *tier.Options) {
 			o.Capacity = capBlocks * (blockstore.HeaderSize + blockSize)
 			o.EvictInterval, o.EvictMinAge, o.TouchInterval = 20*time.Millisecond, -1, 100*time.Millisecond
+			o.Logger = slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 		})
 		// The mount is noatime: a plain read leaves the access time.
 		require.NoError(t, tr.BlockStore().Put(tr.Namespace(), key(999), payload(999, blockSize)))
@@ -531,6 +532,14 @@ func TestRecencyOnNoatime(t *testing.T) {
 	})
 }
 
+// testLog writes a tier's log lines into t's log.
+type testLog struct{ t *testing.T }
+
+func (w testLog) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
+}
+
 // waitEvicted waits until tr's evictor has brought usage to its low mark.
 func waitEvicted(t *testing.T, tr *tier.Tier) tier.Stats {
 	t.Helper()
@@ -538,6 +547,6 @@ func waitEvicted(t *testing.T, tr *tier.Tier) tier.Stats {
 	require.Eventually(t, func() bool {
 		st = tr.Stats()
 		return st.Evicted > 0 && st.Usage <= int64(0.9*float64(st.CapacityLimit))
-	}, 10*time.Second, 10*time.Millisecond)
+	}, 10*time.Second, 10*time.Millisecond, "never brought to the low mark: %+v", st)
 	return st
 }

@@ -288,6 +288,18 @@ static void test_full(const char *dir, const char *engine) {
 		bufs[i] = malloc(BLOCK);
 		payload(bufs[i], i);
 	}
+	// Until its evictor has first counted the namespace, a tier on a
+	// filesystem fuller than its capacity refuses stores.
+	char json[8192];
+	for (double deadline = now() + 10; now() < deadline;) {
+		int n = ut_stats(t, json, sizeof json);
+		CHECK(n > 0 && n < (int)sizeof json, "stats: %d", n);
+		if (json_int(json, "scans") >= 1) {
+			break;
+		}
+		usleep(10000);
+	}
+	CHECK(json_int(json, "scans") >= 1, "never counted: %s", json);
 	ut_result r;
 	uint8_t st[N];
 	CHECK(ut_store(t, 1, keys, FULL_BLOCKS * KEY, NULL, FULL_BLOCKS, (const void *const *)bufs, BLOCK) == UT_OK,
@@ -296,7 +308,6 @@ static void test_full(const char *dir, const char *engine) {
 
 	// Wait until the tier has counted them (its own stores, or its
 	// evictor's scan).
-	char json[8192];
 	long long usage = -1, limit = -1;
 	for (double deadline = now() + 10; now() < deadline;) {
 		int n = ut_stats(t, json, sizeof json);

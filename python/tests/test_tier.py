@@ -265,8 +265,13 @@ class Conformance:
         # A capacity of 4 raw blocks (a raw block's file is exactly BLOCK bytes), none old enough
         # to evict: stores beyond it are refused before writing.
         tier = self.open(format="raw", capacity=4 * BLOCK, evict_min_age=3600, evict_interval=0.02)
-        self.populate(tier, 4)
+        # Until the evictor has first counted the namespace, a tier on a filesystem fuller than its
+        # capacity refuses stores.
         deadline = time.monotonic() + 10
+        while (stats := tier.stats())["scans"] < 1:
+            self.assertLess(time.monotonic(), deadline, f"never counted: {stats}")
+            time.sleep(0.01)
+        self.populate(tier, 4)
         while (stats := tier.stats())["usage"] < 4 * BLOCK:
             self.assertLess(time.monotonic(), deadline, f"usage never counted: {stats}")
             time.sleep(0.01)
