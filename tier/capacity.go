@@ -13,6 +13,8 @@ type capacity struct {
 	limit      atomic.Int64 // bytes; 0: no limit
 	usage      atomic.Int64 // bytes of blocks, as last counted plus this tier's stores since
 	sinceCount atomic.Int64 // bytes this tier stored since the last count (or poke)
+	countAt    atomic.Int64 // Unix ns of the last count
+	rate       atomic.Int64 // bytes a second all tiers added between the evictor's last two counts
 	fullUntil  atomic.Int64 // Unix ns: the filesystem reported no space; stores are refused until then
 
 	evicted      atomic.Uint64
@@ -52,7 +54,25 @@ func (t *Tier) full(now time.Time) bool {
 		return true
 	}
 	limit := t.cap.limit.Load()
-	return limit > 0 && t.cap.usage.Load()+t.fileSize() > limit
+	return limit > 0 && t.estimate(now)+t.fileSize() > limit
+}
+
+// estimate is the namespace's usage now, as this tier can tell: the last
+// count, plus what all tiers have been adding since at the rate the
+// evictor measured between its last two counts, or this tier's own stores
+// since if they are more. Without the rate, each of N tiers admitted
+// stores up to the capacity against a count the others were also filling,
+// and three passed it by 60%.
+func (t *Tier) estimate(now time.Time) int64 {
+	c := &t.cap
+	usage := c.usage.Load() // includes this tier's stores since the count
+	if r := c.rate.Load(); r > 0 {
+		dt := now.UnixNano() - c.countAt.Load()
+		if extra := r*(dt/int64(time.Millisecond))/1000 - c.sinceCount.Load(); dt > 0 && extra > 0 {
+			usage += extra
+		}
+	}
+	return usage
 }
 
 // fileSize is the size of one block's file.

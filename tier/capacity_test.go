@@ -189,7 +189,7 @@ func TestFullUntilCounted(t *testing.T) {
 		require.NoError(t, tr.Store(1, testKeys(0), [][]byte{testPayload(0)}))
 		r := await(t, tr, 1)[1]
 		require.Equal(t, StatusFull, r.Keys[0].Status, "a store before any count")
-		assert.Equal(t, "the test", tr.Stats().EvictorHolder)
+		waitStats(t, tr, "the holder learned", func(s Stats) bool { return s.EvictorHolder == "the test" })
 
 		require.NoError(t, l.Publish([]byte("usage 0 at 1\n")))
 		waitStats(t, tr, "the published count", func(s Stats) bool { return s.Usage == 0 })
@@ -230,4 +230,47 @@ func TestStatfsSkipsRescans(t *testing.T) {
 			})
 		}
 	})
+}
+
+// TestEstimate: between counts a tier adds to the last count what all
+// tiers were adding at the evictor's measured rate, or its own stores if
+// they are more.
+func TestEstimate(t *testing.T) {
+	now := time.Now()
+	for _, c := range []struct {
+		name                   string
+		usage, rate, own, want int64
+		ago                    time.Duration
+	}{
+		{"no rate: count and own stores", 100 + 500, 0, 500, 600, 2 * time.Second},
+		{"the rate predicts more than own", 100 + 500, 1000, 500, 2100, 2 * time.Second},
+		{"own stores more than the rate", 100 + 5000, 1000, 5000, 5100, 2 * time.Second},
+		{"a count from the future", 100, 1000, 0, 100, -time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var tr Tier
+			tr.cap.usage.Store(c.usage)
+			tr.cap.rate.Store(c.rate)
+			tr.cap.sinceCount.Store(c.own)
+			tr.cap.countAt.Store(now.Add(-c.ago).UnixNano())
+			assert.Equal(t, c.want, tr.estimate(now))
+		})
+	}
+	for _, c := range []struct {
+		state           string
+		usage, at, rate int64
+		ok              bool
+	}{
+		{"usage 10 at 20 rate 30\n", 10, 20, 30, true},
+		{"usage 10 at 20\n", 10, 20, 0, true},
+		{"usage 10 at 20 rate -5\n", 10, 20, 0, true},
+		{"usage x at 20", 0, 20, 0, false},
+		{"", 0, 0, 0, false},
+	} {
+		usage, at, rate, ok := parseState([]byte(c.state))
+		assert.Equal(t, c.ok, ok, "%q", c.state)
+		if ok {
+			assert.Equal(t, []int64{c.usage, c.at, c.rate}, []int64{usage, at, rate}, "%q", c.state)
+		}
+	}
 }

@@ -75,6 +75,8 @@ type evictor struct {
 	kick    chan chan error // EvictNow: run a pass now, say how it went
 	poke    chan struct{}   // this tier stored much since the last count: look sooner
 	pressed bool            // usage was above the high mark at the last look
+	counted int64           // the usage after the last look
+	countAt time.Time       // when that count was made
 }
 
 func newEvictor(t *Tier) *evictor {
@@ -107,9 +109,10 @@ func (e *evictor) estimate() {
 		t.cap.usage.Store(total - int64(sf.Bfree)*sf.Bsize)
 	}
 	if _, state, err := blockstore.ReadLease(t.nsDir); err == nil {
-		if usage, at, ok := parseState(state); ok {
+		if usage, at, _, ok := parseState(state); ok {
 			e.lastAt = at
 			t.cap.usage.Store(usage)
+			t.cap.countAt.Store(at) // without a rate: the holder may be long gone
 		}
 	}
 }
@@ -218,7 +221,9 @@ func (e *evictor) tick(now time.Time) error {
 		// The whole filesystem holds less than the high mark: nothing to
 		// count. The usage stays the last count plus this tier's stores.
 		e.pressed = false
-		e.publish(t.cap.usage.Load(), now)
+		t.cap.rate.Store(0)
+		e.count(t.cap.usage.Load(), now)
+		e.publish(e.counted, now)
 		return nil
 	default:
 		start := time.Now()
@@ -232,8 +237,16 @@ func (e *evictor) tick(now time.Time) error {
 		e.dirty = false
 	}
 	_, usage := e.index.Usage()
-	t.cap.usage.Store(usage)
-	t.cap.sinceCount.Store(0)
+	counted := time.Now()
+	if !e.countAt.IsZero() {
+		// What all tiers added since the last count, a second: part of
+		// every tier's estimate until the next count.
+		if ns := counted.Sub(e.countAt).Nanoseconds(); ns > 0 {
+			rate := max(0, usage-e.counted) * int64(time.Second) / ns
+			t.cap.rate.Store((rate + t.cap.rate.Load()) / 2)
+		}
+	}
+	e.count(usage, counted)
 	e.pressed = usage > high
 	if usage > high {
 		start := time.Now()
@@ -241,11 +254,21 @@ func (e *evictor) tick(now time.Time) error {
 		freed, victims := e.evict(usage-low, now)
 		_, usage = e.index.Usage()
 		t.log.Debug("tier: evictor: evicted", "usage_before", before, "usage", usage, "victims", victims, "freed", freed, "took", time.Since(start))
-		t.cap.usage.Store(usage)
+		// Stores went on while it evicted: the next count measures them.
+		e.count(usage, counted)
 		e.dirty = true // it deleted: its own changes
 	}
-	e.publish(usage, now)
+	e.publish(usage, counted)
 	return nil
+}
+
+// count makes usage, counted at at, the tier's count.
+func (e *evictor) count(usage int64, at time.Time) {
+	c := &e.t.cap
+	e.counted, e.countAt = usage, at
+	c.usage.Store(usage)
+	c.countAt.Store(at.UnixNano())
+	c.sinceCount.Store(0)
 }
 
 // takeLease tries for the lease; without it, it learns the holder's
@@ -270,12 +293,14 @@ func (e *evictor) takeLease() error {
 		return fmt.Errorf("%w: %w", ErrNotEvictor, err)
 	}
 	t.cap.holder.Store(&holder)
-	if usage, at, ok := parseState(state); ok {
+	if usage, at, rate, ok := parseState(state); ok {
 		// A new count replaces the estimate; until then this tier adds
-		// its own stores to the last one.
+		// the holder's rate, or its own stores, to the last one.
 		if at != e.lastAt {
 			e.lastAt = at
 			t.cap.usage.Store(usage)
+			t.cap.countAt.Store(at)
+			t.cap.rate.Store(rate)
 			t.cap.sinceCount.Store(0)
 		}
 		_, high, _ := e.marks()
@@ -389,26 +414,32 @@ func (e *evictor) delete(vs []blockstore.Victim) (int64, bool) {
 	return freed, true
 }
 
-// publish writes the usage into the lease file for the other tiers.
-func (e *evictor) publish(usage int64, now time.Time) {
+// publish writes the usage counted at at, and the rate at which the tiers
+// add to it, into the lease file for the other tiers.
+func (e *evictor) publish(usage int64, at time.Time) {
 	e.state = append(e.state[:0], "usage "...)
 	e.state = strconv.AppendInt(e.state, usage, 10)
 	e.state = append(e.state, " at "...)
-	e.state = strconv.AppendInt(e.state, now.UnixNano(), 10)
+	e.state = strconv.AppendInt(e.state, at.UnixNano(), 10)
+	e.state = append(e.state, " rate "...)
+	e.state = strconv.AppendInt(e.state, e.t.cap.rate.Load(), 10)
 	e.state = append(e.state, '\n')
 	if err := e.lease.Publish(e.state); err != nil {
 		e.t.log.Warn("tier: evictor: publish", "err", err)
 	}
 }
 
-// parseState reads the usage and when it was counted out of a published
-// state.
-func parseState(state []byte) (usage, at int64, ok bool) {
+// parseState reads a published state: "usage U at T rate R" (bytes, Unix
+// ns, bytes a second; the rate may be missing).
+func parseState(state []byte) (usage, at, rate int64, ok bool) {
 	f := bytes.Fields(state)
 	if len(f) < 4 || string(f[0]) != "usage" || string(f[2]) != "at" {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
 	usage, err1 := strconv.ParseInt(string(f[1]), 10, 64)
 	at, err2 := strconv.ParseInt(string(f[3]), 10, 64)
-	return usage, at, err1 == nil && err2 == nil
+	if len(f) >= 6 && string(f[4]) == "rate" {
+		rate, _ = strconv.ParseInt(string(f[5]), 10, 64)
+	}
+	return usage, at, max(rate, 0), err1 == nil && err2 == nil
 }
