@@ -39,27 +39,27 @@ import (
 // within about a second of ours, and attribute caching can delay a change
 // by up to the mount's acdirmax.
 //
-// Measured with BenchmarkIndexScan and BenchmarkIndexRefresh: 200,000
-// blocks of 64 bytes with 32-byte keys in 1,333 fan-out leaf directories
-// (150 each, as at 10 M blocks; 1,590 directories in all), ext4 on a
-// virtual disk, 2 vCPUs, warm caches, with other tests loading the machine
-// (load average 7 to 10), so the times are on the slow side:
+// Measured with BenchmarkIndexScan and BenchmarkIndexRefresh (go test
+// -run '^$' -bench BenchmarkIndex ./blockstore): 200,000 blocks of 64
+// bytes with 32-byte keys in 1,333 fan-out leaf directories (150 each, as
+// at 10 M blocks; 1,590 directories in all), ext4 on a virtual disk, 2
+// vCPUs, warm caches, an otherwise idle machine, refreshReaders readers:
 //
-//	heap per block          51.9 B (16 B entry + 32 B key + 3.9 B of directory records and size-class rounding)
-//	Scan                    4,397 ns per block (one statx each; 2 allocations of transient garbage)
-//	Refresh, unchanged      2,157 ns per directory (one statx each; no allocation)
-//	Refresh, 1% changed     8,466 ns per directory statted (13.4 leaves of 150 blocks read)
-//	Victims of 1% of bytes  6.6 ns per block in the index
+//	heap per block          52.0 B (16 B entry + 32 B key + 4 B of directory records and size-class rounding)
+//	Scan                    3,248 ns per block (one statx each; 2 allocations of transient garbage)
+//	Refresh, unchanged      1,739 ns per directory (one statx each)
+//	Refresh, 1% changed     5,001 ns per directory statted (13.4 leaves of 150 blocks read)
+//	Victims of 1% of bytes  7.2 ns per block in the index
 //
+// (With one reader, on a loaded machine: 4,397, 2,157 and 8,466 ns.)
 // Extrapolated to 10 M blocks in the fan-out layout (65,536 leaf
 // directories + 256 + 1 = 65,793 directories):
 //
-//	memory               51.9 B × 10 M = 519 MB (twice that while a Scan replaces an index)
-//	full Scan            4,397 ns × 10 M = 44 s
-//	Refresh, unchanged   2,157 ns × 65,793 = 142 ms
-//	Refresh, 1% changed  8,466 ns × 65,793 = 557 ms (per changed leaf of 150 blocks ≈ 0.75 ms:
-//	                     655 leaves × 0.75 ms + 142 ms ≈ 630 ms, the same order)
-//	Victims              6.6 ns × 10 M = 66 ms per call
+//	memory               52.0 B × 10 M = 520 MB (twice that while a Scan replaces an index)
+//	full Scan            3,248 ns × 10 M = 32 s
+//	Refresh, unchanged   1,739 ns × 65,793 = 114 ms
+//	Refresh, 1% changed  5,001 ns × 65,793 = 329 ms
+//	Victims              7.2 ns × 10 M = 72 ms per call
 type Index struct {
 	s     *Store // immutable
 	ns    string // immutable; valid
