@@ -12,6 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/uringtier/uringtier/blockstore"
+	"github.com/uringtier/uringtier/latency"
 	"golang.org/x/sys/unix"
 )
 
@@ -481,4 +482,70 @@ func BenchmarkLookupCold(b *testing.B) {
 func dropCaches() error {
 	unix.Sync()
 	return os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0)
+}
+
+// BenchmarkCallerFloor asks where the caller's slowest calls come from.
+// The caller keeps four 1,024-key lookup batches in flight, and after each
+// Lookup or Poll call it spins on the clock for spinFor, a stretch of pure
+// CPU work as long as a typical call: whatever makes the spin's p99.9 long
+// (the thread preempted by the owners, kernel workers, interrupts, the Go
+// runtime) makes the calls' long too. Reported: p50 and p99.9 of the calls
+// and of the spins, in µs.
+func BenchmarkCallerFloor(b *testing.B) {
+	const spinFor = 20 * time.Microsecond
+	dir := lookupFixture(b)
+	keys := testKeys(seq(0, 1024)...)
+	for _, e := range []struct {
+		name string
+		kind EngineKind
+	}{{"engine=uring", EngineURing}, {"engine=sync", EngineSync}} {
+		b.Run(e.name, func(b *testing.B) {
+			tr := benchTier(b, dir, e.kind, nil)
+			var calls, spins latency.Counts
+			spin := func() {
+				t0 := time.Now()
+				for time.Since(t0) < spinFor {
+				}
+				spins.Record(time.Since(t0))
+			}
+			results := make([]Result, 8)
+			inFlight := 0
+			req := uint64(0)
+			for b.Loop() {
+				for inFlight < 4 {
+					req++
+					t0 := time.Now()
+					err := tr.Lookup(req, keys)
+					calls.Record(time.Since(t0))
+					if err != nil {
+						b.Fatal(err)
+					}
+					inFlight++
+					spin()
+				}
+				t0 := time.Now()
+				n := tr.Poll(results)
+				calls.Record(time.Since(t0))
+				inFlight -= n
+				spin()
+				if n == 0 {
+					<-tr.Ready()
+				}
+			}
+			us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+			b.ReportMetric(us(calls.Quantile(0.5)), "call-p50-µs")
+			b.ReportMetric(us(calls.Quantile(0.999)), "call-p99.9-µs")
+			b.ReportMetric(us(spins.Quantile(0.5)), "spin-p50-µs")
+			b.ReportMetric(us(spins.Quantile(0.999)), "spin-p99.9-µs")
+		})
+	}
+}
+
+// seq returns from, from+1, …, to-1.
+func seq(from, to int) []int {
+	s := make([]int, 0, to-from)
+	for i := from; i < to; i++ {
+		s = append(s, i)
+	}
+	return s
 }
