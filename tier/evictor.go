@@ -75,6 +75,7 @@ type evictor struct {
 	kick    chan chan error // EvictNow: run a pass now, say how it went
 	poke    chan struct{}   // this tier stored much since the last count: look sooner
 	pressed bool            // usage was above the high mark at the last look
+	failing bool            // the filesystem failed the last look: logged once, until it recovers
 	counted int64           // the usage after the last look
 	countAt time.Time       // when that count was made
 }
@@ -223,16 +224,14 @@ func (e *evictor) tick(now time.Time) error {
 		e.pressed = false
 		t.cap.rate.Store(0)
 		e.count(t.cap.usage.Load(), now)
-		e.publish(e.counted, now)
-		return nil
+		return e.publish(e.counted, now)
 	default:
 		start := time.Now()
 		rs, err := e.index.Refresh()
 		t.cap.rescanned.Add(uint64(rs.Changed))
 		t.log.Debug("tier: evictor: rescanned", "dirs", rs.Dirs, "changed", rs.Changed, "added", rs.Added, "removed", rs.Removed, "took", time.Since(start))
 		if err != nil {
-			t.log.Warn("tier: evictor: rescan failed", "err", err)
-			return err
+			return e.fail("rescan", err)
 		}
 		e.dirty = false
 	}
@@ -258,8 +257,29 @@ func (e *evictor) tick(now time.Time) error {
 		e.count(usage, counted)
 		e.dirty = true // it deleted: its own changes
 	}
-	e.publish(usage, counted)
+	if err := e.publish(usage, counted); err != nil {
+		return err
+	}
+	e.recovered()
 	return nil
+}
+
+// fail logs the first of a run of failed looks (a filesystem that fails
+// every second logs once) and returns err.
+func (e *evictor) fail(what string, err error) error {
+	if !e.failing {
+		e.failing = true
+		e.t.log.Warn("tier: evictor: "+what+" failed; retrying every EvictInterval", "err", err)
+	}
+	return err
+}
+
+// recovered logs the end of a run of failed looks.
+func (e *evictor) recovered() {
+	if e.failing {
+		e.failing = false
+		e.t.log.Info("tier: evictor: the filesystem answers again")
+	}
 }
 
 // count makes usage, counted at at, the tier's count.
@@ -284,8 +304,7 @@ func (e *evictor) takeLease() error {
 		return nil
 	}
 	if !errors.Is(err, blockstore.ErrLeaseHeld) {
-		t.log.Warn("tier: evictor: lease", "err", err)
-		return err
+		return e.fail("lease", err)
 	}
 	holder, state, err := blockstore.ReadLease(t.nsDir)
 	if err != nil {
@@ -319,8 +338,7 @@ func (e *evictor) scan() error {
 		err = idx.Scan(func(blocks, _ int64) { t.cap.scanned.Store(blocks) })
 	}
 	if err != nil {
-		t.log.Warn("tier: evictor: scan failed", "err", err)
-		return err
+		return e.fail("scan", err)
 	}
 	e.index = idx
 	t.cap.scans.Add(1)
@@ -416,7 +434,7 @@ func (e *evictor) delete(vs []blockstore.Victim) (int64, bool) {
 
 // publish writes the usage counted at at, and the rate at which the tiers
 // add to it, into the lease file for the other tiers.
-func (e *evictor) publish(usage int64, at time.Time) {
+func (e *evictor) publish(usage int64, at time.Time) error {
 	e.state = append(e.state[:0], "usage "...)
 	e.state = strconv.AppendInt(e.state, usage, 10)
 	e.state = append(e.state, " at "...)
@@ -425,8 +443,9 @@ func (e *evictor) publish(usage int64, at time.Time) {
 	e.state = strconv.AppendInt(e.state, e.t.cap.rate.Load(), 10)
 	e.state = append(e.state, '\n')
 	if err := e.lease.Publish(e.state); err != nil {
-		e.t.log.Warn("tier: evictor: publish", "err", err)
+		return e.fail("publish", err)
 	}
+	return nil
 }
 
 // parseState reads a published state: "usage U at T rate R" (bytes, Unix
