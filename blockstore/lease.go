@@ -296,8 +296,9 @@ func (l *Lease) Publish(state []byte) error {
 // guarantee for the time after it: a partitioned client learns of the
 // loss only at its next request, and between the server's expiry and that
 // request two maintainers may run. Bound that window by the work done
-// between Checks, and keep eviction safe against a second evictor (it is:
-// evicting removes a block only if its inode is still the one examined).
+// between Checks, and keep eviction safe against a second evictor (the
+// tier's is: it reads each victim's times again just before removing it,
+// and a block removed twice costs a miss, never wrong data).
 //
 // On GlusterFS (tested): while the brick is down Check fails with
 // ENOTCONN; a restarted brick has forgotten every lock, and the lease goes
