@@ -446,6 +446,14 @@ func TestOpenRejectsBadOptions(t *testing.T) {
 		{"Durability", Options{BlockSize: 4096, Durability: 7}, []string{"Durability 7"}},
 		{"Buffers×BlockSize", Options{BlockSize: 1 << 30, Buffers: 1 << 10},
 			[]string{"Buffers 1024 of BlockSize 1073741824", fmt.Sprint(buffersSizeBound)}},
+		{"negative Capacity", Options{BlockSize: 4096, Capacity: -1}, []string{"Capacity -1"}},
+		{"CapacityShare above 1", Options{BlockSize: 4096, CapacityShare: 1.5}, []string{"CapacityShare 1.5"}},
+		{"CapacityShare NaN", Options{BlockSize: 4096, CapacityShare: math.NaN()}, []string{"CapacityShare NaN"}},
+		{"both capacities", Options{BlockSize: 4096, Capacity: 1 << 30, CapacityShare: 0.5}, []string{"one of"}},
+		{"low above high", Options{BlockSize: 4096, HighWatermark: 0.5, LowWatermark: 0.6}, []string{"low 0.6, high 0.5"}},
+		{"high above 1", Options{BlockSize: 4096, HighWatermark: 1.1}, []string{"high 1.1"}},
+		{"watermark NaN", Options{BlockSize: 4096, LowWatermark: math.NaN()}, []string{"low NaN"}},
+		{"negative EvictInterval", Options{BlockSize: 4096, EvictInterval: -time.Second}, []string{"duration"}},
 	}
 	limits := []struct {
 		name  string

@@ -346,7 +346,7 @@ func (o *Options) validate() error {
 	switch {
 	case o.LookupTimeout < 0 || o.IOTimeout < 0 || o.EvictInterval < 0:
 		return bad("negative duration")
-	case o.Capacity < 0 || o.CapacityShare < 0 || o.CapacityShare > 1 || o.Capacity > 0 && o.CapacityShare > 0:
+	case o.Capacity < 0 || !(o.CapacityShare >= 0 && o.CapacityShare <= 1) || o.Capacity > 0 && o.CapacityShare > 0:
 		return bad("Capacity %d, CapacityShare %v (want one of a byte count, a share from 0 to 1)", o.Capacity, o.CapacityShare)
 	case !(o.LowWatermark > 0 && o.LowWatermark <= o.HighWatermark && o.HighWatermark <= 1):
 		return bad("watermarks low %v, high %v (want 0 < low ≤ high ≤ 1)", o.LowWatermark, o.HighWatermark)
