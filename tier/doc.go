@@ -5,7 +5,7 @@
 //
 // # Requests and results
 //
-// Lookup, LookupPrefix, Load and Store each submit one request: an integer
+// Lookup, LookupPrefix, Load, Store and Delete each submit one request: an integer
 // ID chosen by the caller and a batch of keys. They return at once: nil
 // (queued), ErrBusy (Options.Depth requests are submitted and not yet
 // polled), ErrClosed, or an ErrInvalid error for a bad key or buffer. Every
@@ -73,6 +73,18 @@
 // offloading tier as vLLM lays it out (blockstore.VLLM): raw blocks, stores
 // that publish by rename as vLLM's do (so both may write it at once and
 // neither sees a torn block), and reads that change nothing in it.
+//
+// # Capacity
+//
+// With Options.Capacity (or CapacityShare) the tiers sharing a namespace
+// directory elect one evictor through a lock on a lease file in it
+// (blockstore.TryLease). It counts the namespace once (blockstore.Index),
+// then re-reads only changed directories, and removes the least recently
+// used blocks through the engine's queue (OpDelete, after all other work)
+// from above the high mark down to the low one; recency comes from the
+// blocks' times, which every tier touches when it uses a block
+// (TouchInterval). Stores are refused before writing (StatusFull) while
+// the estimated usage is at the capacity. See evictor.go and recency.go.
 //
 // # Memory
 //
