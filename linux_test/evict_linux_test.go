@@ -478,7 +478,7 @@ func TestRecencyOnNoatime(t *testing.T) {
 		tr := openTier(t, kind, dir, func(o *tier.Options) {
 			o.Capacity = capBlocks * (blockstore.HeaderSize + blockSize)
 			o.EvictInterval, o.EvictMinAge, o.TouchInterval = 20*time.Millisecond, -1, 100*time.Millisecond
-			o.Logger = slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			o.Logger = slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		})
 		// The mount is noatime: a plain read leaves the access time.
 		require.NoError(t, tr.BlockStore().Put(tr.Namespace(), key(999), payload(999, blockSize)))
@@ -536,10 +536,16 @@ func (w testLog) Write(p []byte) (int, error) {
 // waitEvicted waits until tr's evictor has brought usage to its low mark.
 func waitEvicted(t *testing.T, tr *tier.Tier) tier.Stats {
 	t.Helper()
-	var st tier.Stats
-	require.Eventually(t, func() bool {
-		st = tr.Stats()
-		return st.Evicted > 0 && st.Usage <= int64(0.9*float64(st.CapacityLimit))
-	}, 10*time.Second, 10*time.Millisecond, "never brought to the low mark: %+v", st)
-	return st
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st := tr.Stats()
+		if st.Evicted > 0 && st.Usage <= int64(0.9*float64(st.CapacityLimit)) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never brought to the high mark: usage %d, capacity %d, evicted %d, scans %d, rescanned %d, evictor %v, stores %v",
+				st.Usage, st.CapacityLimit, st.Evicted, st.Scans, st.DirsRescanned, st.Evictor, st.Outcomes[tier.OpStore])
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

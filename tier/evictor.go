@@ -220,10 +220,14 @@ func (e *evictor) tick(now time.Time) error {
 		}
 	case !e.dirty && fsUsed >= 0 && fsUsed <= high:
 		// The whole filesystem holds less than the high mark: nothing to
-		// count. The usage stays the last count plus this tier's stores.
+		// count. The usage stays the last count plus this tier's stores,
+		// but no more than the filesystem holds: stores that finished
+		// while the first scan ran are in both, and an estimate stuck
+		// above the capacity refused every store, so that the filesystem
+		// never grew enough to be counted again.
 		e.pressed = false
 		t.cap.rate.Store(0)
-		e.count(t.cap.usage.Load(), now)
+		e.count(min(t.cap.usage.Load(), fsUsed), now)
 		return e.publish(e.counted, now)
 	default:
 		start := time.Now()
