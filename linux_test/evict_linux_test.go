@@ -385,8 +385,8 @@ func testEvictionAcrossProcesses(t *testing.T, kind tier.EngineKind, dirs []stri
 }
 
 // TestEvictorKilled: the evicting process is SIGKILLed while it evicts; another takes the lease
-// and evicts within 5 s; afterwards every block on disk is whole, and every block stored is on
-// disk or was evicted.
+// and evicts within 5 s, never two at once; afterwards every block on disk is whole, and every block
+// stored is on disk or was evicted.
 func TestEvictorKilled(t *testing.T) {
 	const (
 		capBytes = 8 << 20
@@ -444,6 +444,7 @@ func TestEvictorKilled(t *testing.T) {
 	took := time.Since(at)
 	var stored, evicted int64 = killedStored, int64(killedEvicted)
 	newEvictors := 0
+	var held [][2]int64
 	for i, p := range others {
 		rep := p.wait(t, fmt.Sprintf("seed %d survivor %d", seed, i))
 		assert.False(t, rep.EvictedUnheld)
@@ -452,13 +453,24 @@ func TestEvictorKilled(t *testing.T) {
 		if rep.Evicted > 0 {
 			newEvictors++
 		}
+		if i == 0 {
+			held = rep.Held
+			continue
+		}
+		for _, a := range held {
+			for _, b := range rep.Held {
+				overlap := min(a[1], b[1]) - max(a[0], b[0])
+				assert.LessOrEqual(t, overlap, int64(10*time.Millisecond), "seed %d: the survivors held the lease at once", seed)
+			}
+		}
 	}
 	store, err := blockstore.Open(dir, blockstore.Options{})
 	require.NoError(t, err)
 	vs := verifyClean(t, store, "default", fmt.Sprintf("seed %d", seed))
 	t.Logf("seed %d: killed child %d after it evicted %d; a survivor took the lease %v later; %d blocks stored, %d evicted, %d on disk",
 		seed, killed, killedEvicted, took.Round(time.Millisecond), stored, evicted, vs.Blocks)
-	assert.Equal(t, 1, newEvictors, "survivors that evicted")
+	// One takes over; when it finishes first, the other may evict in the last moments.
+	assert.Positive(t, newEvictors, "no survivor evicted")
 	// The killed child's last counts lag its death by up to 5 ms and one delete batch (256).
 	assert.InDelta(t, stored, vs.Blocks+evicted, 256+2*evictBatchKeys, "blocks stored against blocks on disk plus evicted: lost or unaccounted")
 	cs, err := store.Clean(0)
