@@ -316,6 +316,7 @@ func (e *evictor) takeLease() error {
 		return fmt.Errorf("%w: %w", ErrNotEvictor, err)
 	}
 	t.cap.holder.Store(&holder)
+	e.recovered()
 	if usage, at, rate, ok := parseState(state); ok {
 		// A new count replaces the estimate; until then this tier adds
 		// the holder's rate, or its own stores, to the last one.
