@@ -13,6 +13,7 @@ type capacity struct {
 	limit      atomic.Int64 // bytes; 0: no limit
 	usage      atomic.Int64 // bytes of blocks, as last counted plus this tier's stores since
 	sinceCount atomic.Int64 // bytes this tier stored since the last count (or poke)
+	ownStored  atomic.Int64 // bytes this tier stored, ever: what a count cannot have seen yet
 	countAt    atomic.Int64 // Unix ns of the last count
 	rate       atomic.Int64 // bytes a second all tiers added between the evictor's last two counts
 	fullUntil  atomic.Int64 // Unix ns: the filesystem reported no space; stores are refused until then

@@ -50,6 +50,7 @@ const pokeShare = 20
 // the evictor when they add up to 1/pokeShare of the capacity.
 func (t *Tier) stored(n int64) {
 	t.cap.usage.Add(n)
+	t.cap.ownStored.Add(n)
 	if t.cap.sinceCount.Add(n) > t.cap.limit.Load()/pokeShare {
 		t.cap.sinceCount.Store(0)
 		select {
@@ -213,6 +214,10 @@ func (e *evictor) tick(now time.Time) error {
 		return err
 	}
 	_, high, low := e.marks()
+	// This tier's stores that finish from here on may be missing from the
+	// count: they are added to it, so that a count never forgets them
+	// (which let one store past a full namespace).
+	mark := t.cap.ownStored.Load()
 	switch {
 	case e.index == nil:
 		if err := e.scan(); err != nil {
@@ -239,7 +244,7 @@ func (e *evictor) tick(now time.Time) error {
 		}
 		e.dirty = false
 	}
-	_, usage := e.index.Usage()
+	_, usage := e.index.Usage() // what is on disk, as far as the index knows: eviction's measure
 	counted := time.Now()
 	if !e.countAt.IsZero() {
 		// What all tiers added since the last count, a second: part of
@@ -249,7 +254,7 @@ func (e *evictor) tick(now time.Time) error {
 			t.cap.rate.Store((rate + t.cap.rate.Load()) / 2)
 		}
 	}
-	e.count(usage, counted)
+	e.count(e.withOwn(usage, mark), counted)
 	e.pressed = usage > high
 	if usage > high {
 		start := time.Now()
@@ -258,14 +263,22 @@ func (e *evictor) tick(now time.Time) error {
 		_, usage = e.index.Usage()
 		t.log.Debug("tier: evictor: evicted", "usage_before", before, "usage", usage, "victims", victims, "freed", freed, "took", time.Since(start))
 		// Stores went on while it evicted: the next count measures them.
-		e.count(usage, counted)
+		e.count(e.withOwn(usage, mark), counted)
 		e.dirty = true // it deleted: its own changes
 	}
-	if err := e.publish(usage, counted); err != nil {
+	if err := e.publish(e.counted, counted); err != nil {
 		return err
 	}
 	e.recovered()
 	return nil
+}
+
+// withOwn is usage, the index's count, plus this tier's stores since
+// ownStored was mark: what stores are admitted against. Some may be in the
+// index already: the estimate errs high, never low, which let one store
+// past a full namespace. Eviction goes by the index's count alone.
+func (e *evictor) withOwn(usage, mark int64) int64 {
+	return usage + e.t.cap.ownStored.Load() - mark
 }
 
 // fail logs the first of a run of failed looks (a filesystem that fails
