@@ -124,10 +124,13 @@
 //
 // Scan streams every block's metadata; Verify reads and checks every block
 // and reports, quarantines or removes corrupt ones; Clean removes old
-// temporary files; Usage totals blocks and bytes per namespace; Evict
-// removes least recently used blocks from above a high watermark to below
-// a low one. All walk the tree a directory batch at a time, in constant
-// memory, and may run while other goroutines and processes use the store.
+// temporary files; Usage totals blocks and bytes per namespace. All walk
+// the tree a directory batch at a time, in constant memory, and may run
+// while other goroutines and processes use the store. For eviction while
+// serving, an Index keeps every block's size and recency in memory after
+// one scan and re-reads only directories that changed, and a Lease (a lock
+// on a file in the directory) makes one process among those sharing it the
+// one that evicts; the tier's evictor uses both.
 //
 // # Threading and memory
 //
