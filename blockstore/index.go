@@ -18,10 +18,10 @@ import (
 // re-reads only those whose modification time (or inode) changed, so an
 // online evictor never walks the whole tree again. A directory's mtime
 // changes when a block is created, replaced (rename) or removed in it, not
-// when one is read: reads show up through Recheck, which an evictor calls
+// when one is read: reads show up through RecheckAll, which an evictor calls
 // on each victim before removing it.
 //
-// Threading: Scan, Refresh, Victims, Recheck and Forget must be called
+// Threading: Scan, Refresh, Victims, RecheckAll and Forget must be called
 // from one goroutine at a time (the evictor's); Usage may be called from
 // any goroutine at any time. The index uses plain system calls (getdents,
 // statx), never io_uring.
@@ -81,9 +81,8 @@ type Index struct {
 	blocks, bytes atomic.Int64
 
 	// Scratch of the calling goroutine.
-	stx  unix.Statx_t // Recheck's statx result
-	path []byte       // NUL-terminated path for Recheck, a layout's directory for locate
-	own  *dirReader   // reads directories when one reader suffices
+	path []byte     // a victim's path for an error, a layout's directory for locate
+	own  *dirReader // reads directories when one reader suffices
 }
 
 // indexDir is one directory's record.
@@ -659,7 +658,7 @@ type Victim struct {
 	Used time.Time
 
 	// dir and ent are where the block was in the index when chosen; a
-	// Refresh may move it, and then Recheck and Forget look it up by key.
+	// Refresh may move it, and then RecheckAll and Forget look it up by key.
 	dir, ent int32
 }
 
@@ -757,19 +756,11 @@ func (x *Index) locate(v *Victim) (*indexDir, int, bool) {
 	return d, k, true
 }
 
-// Recheck stats v's block file: gone -> forgets it, false; its recency
-// (max(atime, mtime)) newer than v.Used (another process used or rewrote
-// it) -> records that in the index and in v, false; else true (still a
-// victim). A block the index no longer holds is not a victim (false).
-func (x *Index) Recheck(v *Victim) (bool, error) {
-	x.path = append(append(x.path[:0], x.nsDir...), '/')
-	x.path = append(x.s.layout.AppendPath(x.path, v.Key), 0)
-	err := statx(unix.AT_FDCWD, &x.path[0], unix.AT_SYMLINK_NOFOLLOW,
-		unix.STATX_TYPE|unix.STATX_SIZE|unix.STATX_ATIME|unix.STATX_MTIME, &x.stx)
-	return x.judge(v, &x.stx, err)
-}
-
-// judge is Recheck's verdict on v, given what statx of its file returned.
+// judge is the verdict on victim v, given what statx of its file
+// returned: gone -> forgets it, false; its recency (max(atime, mtime))
+// newer than v.Used (another process used or rewrote it) -> records that
+// in the index and in v, false; else true (still a victim). A block the
+// index no longer holds is not a victim (false).
 func (x *Index) judge(v *Victim, stx *unix.Statx_t, err error) (bool, error) {
 	d, k, ok := x.locate(v)
 	if !ok || d.entries[k].size == deadSize {
@@ -794,7 +785,7 @@ func (x *Index) judge(v *Victim, stx *unix.Statx_t, err error) (bool, error) {
 	return false, nil
 }
 
-// RecheckAll is Recheck of every victim in vs, the statx calls made in
+// RecheckAll stats the file of every victim in vs and judges it, the statx calls made in
 // parallel (refreshReaders at a time: on a network filesystem each is a
 // round trip); it returns the victims still to be removed, in vs's order,
 // reusing vs's memory, and the first error met (the victims it concerns

@@ -384,35 +384,30 @@ func TestIndexRecheck(t *testing.T) {
 	b0, err := s.Stat("ns", keys[0])
 	require.NoError(t, err)
 	require.NoError(t, os.Chtimes(b0.Path, now, b0.ModTime))
-	ok, err := x.Recheck(&v[0])
-	require.NoError(t, err)
-	assert.False(t, ok, "a block used since is no victim")
-	assert.Equal(t, now, v[0].Used)
-	// Block 1 is gone.
+	// Block 1 is gone; block 2 is untouched.
 	require.NoError(t, s.Delete("ns", keys[1]))
-	ok, err = x.Recheck(&v[1])
+	v0 := v[0]
+	kept, err := x.RecheckAll(v)
 	require.NoError(t, err)
-	assert.False(t, ok, "a gone block is no victim")
+	require.Len(t, kept, 1, "a block used since and a gone block are no victims")
+	assert.Equal(t, keys[2], kept[0].Key)
 	checkIndex(t, x, n-1, (n-1)*file)
-	// Block 2 is untouched.
-	ok, err = x.Recheck(&v[2])
-	require.NoError(t, err)
-	assert.True(t, ok)
 
 	// The index remembers: block 0 is now the newest, block 1 gone.
 	all := x.Victims(1<<40, 0, now.Add(time.Second), nil)
 	require.Len(t, all, n-1)
 	assert.Equal(t, keys[0], all[n-2].Key)
+	assert.Equal(t, now, all[n-2].Used)
 	assert.Equal(t, keys[2], all[0].Key)
 
-	// After a Refresh moved things, Recheck still finds its block.
+	// After a Refresh moved things, RecheckAll still finds its block.
 	require.NoError(t, s.Put("ns", testKey(100, 32), testPayload(testKey(100, 32), size)))
 	_, err = x.Refresh()
 	require.NoError(t, err)
 	require.NoError(t, os.Remove(b0.Path))
-	ok, err = x.Recheck(&v[0])
+	kept, err = x.RecheckAll([]Victim{v0})
 	require.NoError(t, err)
-	assert.False(t, ok)
+	assert.Empty(t, kept)
 	checkIndex(t, x, n-1, (n-1)*file)
 }
 

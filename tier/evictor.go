@@ -177,10 +177,10 @@ func (e *evictor) release() {
 	}
 }
 
-// marks returns the capacity and its high and low marks in bytes.
-func (e *evictor) marks() (limit, high, low int64) {
-	limit = e.t.cap.limit.Load()
-	return limit, int64(float64(limit) * e.t.opts.HighWatermark), int64(float64(limit) * e.t.opts.LowWatermark)
+// marks returns the capacity's high and low marks in bytes.
+func (e *evictor) marks() (high, low int64) {
+	limit := float64(e.t.cap.limit.Load())
+	return int64(limit * e.t.opts.HighWatermark), int64(limit * e.t.opts.LowWatermark)
 }
 
 // tick is one look: take the lease or learn the usage, count, evict. It
@@ -213,7 +213,7 @@ func (e *evictor) tick(now time.Time) error {
 		e.release()
 		return err
 	}
-	_, high, low := e.marks()
+	high, low := e.marks()
 	// This tier's stores that finish from here on may be missing from the
 	// count: they are added to it, so that a count never forgets them
 	// (which let one store past a full namespace).
@@ -340,7 +340,7 @@ func (e *evictor) takeLease() error {
 			t.cap.rate.Store(rate)
 			t.cap.sinceCount.Store(0)
 		}
-		_, high, _ := e.marks()
+		high, _ := e.marks()
 		e.pressed = usage > high
 	} else {
 		t.log.Debug("tier: evictor: no usage in the lease", "state", string(state))
