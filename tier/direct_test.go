@@ -2,6 +2,7 @@ package tier
 
 import (
 	"fmt"
+	"hash/maphash"
 	"os"
 	"strings"
 	"testing"
@@ -136,4 +137,33 @@ func TestProbedSlotsEmptied(t *testing.T) {
 		}
 		return true
 	}, 5*time.Second, time.Millisecond, "slots still hold %v", ringFiles(t, tr, 0))
+}
+
+// TestLoadsSpreadOverRings: a batch of loads is split evenly over the
+// rings, even when every key's hash falls to one ring (they all would go
+// to it if loads went by hash, as lookups do).
+func TestLoadsSpreadOverRings(t *testing.T) {
+	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.Rings = 2 })
+	var idx []int
+	for i := 0; len(idx) < 16; i++ {
+		if maphash.Bytes(tr.seed, testKey(i))%2 == 0 {
+			idx = append(idx, i)
+		}
+	}
+	put(t, tr, idx...)
+	before := tr.Stats().RingOps
+	require.Len(t, before, 2)
+	bufs := make([][]byte, len(idx))
+	for i := range bufs {
+		bufs[i] = make([]byte, testBlockSize)
+	}
+	require.NoError(t, tr.Load(1, testKeys(idx...), bufs))
+	res := await(t, tr, 1)[1]
+	assert.Equal(t, len(idx), res.Prefix, "every block loaded: %v", statuses(res))
+	after := tr.Stats().RingOps
+	assert.Equal(t, []uint64{before[0] + 8, before[1] + 8}, after, "ops per ring")
+
+	require.NoError(t, tr.Lookup(2, testKeys(idx...)))
+	assert.Equal(t, len(idx), await(t, tr, 2)[2].Prefix)
+	assert.Equal(t, after[1], tr.Stats().RingOps[1], "lookups go to the ring of their hash")
 }

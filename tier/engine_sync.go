@@ -27,10 +27,6 @@ var _ backend = (*syncBackend)(nil)
 
 // newSyncBackend sets up shard s's backend and starts its workers.
 func newSyncBackend(t *Tier, s *shard) (*syncBackend, error) {
-	ns, err := openNSDirFD(t)
-	if err != nil {
-		return nil, err
-	}
 	b := &syncBackend{
 		t:     t,
 		ops:   s.ops,
@@ -38,7 +34,7 @@ func newSyncBackend(t *Tier, s *shard) (*syncBackend, error) {
 		done:  make(chan int32, t.opts.OpsMax),
 		wakeC: make(chan struct{}, 1),
 		timer: time.NewTimer(time.Hour),
-		ns:    ns,
+		ns:    t.ns,
 		cfg:   t.programConfig(t.store.DirCache(t.opts.Namespace)),
 	}
 	for range t.opts.SyncWorkers {
@@ -86,7 +82,7 @@ func (b *syncBackend) wait(d time.Duration, done []int32) []int32 {
 func (b *syncBackend) close() {
 	close(b.work)
 	b.wg.Wait()
-	b.ns.close()
+	b.ns.release(false)
 }
 
 // worker runs ops' programs to their outcome, one at a time, in a

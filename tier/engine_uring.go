@@ -105,7 +105,7 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	// Room for several phases of every op (a load's first phase is five
 	// SQEs) without submitting mid-way.
 	entries := uint32(min(8192, max(64, 4*n)))
-	b := &uringBackend{t: t, s: s, direct: t.engine.Direct,
+	b := &uringBackend{t: t, s: s, ns: t.ns, direct: t.engine.Direct,
 		progs: make([]blockstore.Program, n), dirFD: make([]int, n), pending: make([]uint8, n),
 		cqes: make([]uring.CQE, 256), wakeC: make(chan struct{}, 1), timer: time.NewTimer(time.Hour)}
 	b.timer.Stop()
@@ -150,9 +150,6 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	}
 	if err = b.ring.RegisterBuffers(append([][]byte{b.hdrs}, t.buffers...)); err != nil {
 		return nil, fmt.Errorf("tier: %w", err)
-	}
-	if b.ns, err = openNSDirFD(t); err != nil {
-		return nil, err
 	}
 	if f := b.ring.Flags(); !t.engine.OwnThreads || f&uring.FlagDeferTaskrun != 0 && f&uring.FlagTaskrunFlag != 0 {
 		fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
@@ -655,7 +652,7 @@ func (b *uringBackend) close() {
 		if b.evfd != nil {
 			b.evfd.Close()
 		}
-		b.ns.stop()
+		b.ns.release(true)
 		return
 	}
 	if b.ring != nil {
@@ -670,8 +667,6 @@ func (b *uringBackend) close() {
 	if b.hdrs != nil {
 		uring.FreeBuffer(b.hdrs)
 	}
-	if b.ns != nil {
-		b.ns.close()
-	}
+	b.ns.release(false)
 	b.pinner.Unpin()
 }

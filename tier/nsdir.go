@@ -14,8 +14,9 @@ import (
 // directory fd is still the directory at the namespace's path.
 const nsCheckInterval = time.Second
 
-// nsDirFD is a backend's open namespace directory: the dirfd its *at calls
-// resolve block paths beneath. When the directory at the namespace's path
+// nsDirFD is the tier's open namespace directory, shared by its backends
+// (every ring sees a replacement at once: a load may go to any ring): the
+// dirfd their *at calls resolve block paths beneath. When the directory at the namespace's path
 // is no longer the one open (an operator removed it; another process
 // recreated it), a new fd replaces it: renew does that when a store cannot
 // create beneath the fd, and a check at most once a second when someone
@@ -33,6 +34,8 @@ type nsDirFD struct {
 	fd      atomic.Int32 // the current dirfd: read by anyone, replaced under mu
 	checkAt atomic.Int64 // nanoseconds after epoch when the next check is due
 	closed  atomic.Bool  // set by close, under mu: replace nothing more
+	users   atomic.Int32 // backends that have not released it
+	keep    atomic.Bool  // a backend's kernel may still resolve paths against the fds: never close them
 
 	kick     chan struct{} // asks the checker goroutine for a check; closed by stop
 	stopOnce sync.Once
@@ -41,12 +44,15 @@ type nsDirFD struct {
 	retired []int      // replaced fds, closed by close
 }
 
-func openNSDirFD(t *Tier) (*nsDirFD, error) {
+// openNSDirFD opens the namespace directory for users backends, each of
+// which calls release once.
+func openNSDirFD(t *Tier, users int) (*nsDirFD, error) {
 	fd, err := openDir(t.nsDir)
 	if err != nil {
 		return nil, fmt.Errorf("tier: open %s: %w", t.nsDir, err)
 	}
 	d := &nsDirFD{t: t, epoch: time.Now(), kick: make(chan struct{}, 1)}
+	d.users.Store(int32(users))
 	d.fd.Store(int32(fd))
 	d.checkAt.Store(int64(nsCheckInterval))
 	go d.checker()
@@ -158,8 +164,25 @@ func (d *nsDirFD) replace(old, nfd int) {
 	d.retired = append(d.retired, old)
 }
 
-// close closes the fd and every replaced one, and ends the checker; the
-// backend calls it once no op can use them and nothing calls current. A
+// release is a backend's last use: once no op of its own can use the fds
+// and it calls current no more. keep says that its kernel may still
+// resolve paths against them (a broken ring): they then stay open. The
+// last release ends the checker and closes the fds unless one kept them.
+func (d *nsDirFD) release(keep bool) {
+	if keep {
+		d.keep.Store(true)
+	}
+	if d.users.Add(-1) > 0 {
+		return
+	}
+	if d.keep.Load() {
+		d.stop()
+		return
+	}
+	d.close()
+}
+
+// close closes the fd and every replaced one, and ends the checker. A
 // check still running closes what it opens.
 func (d *nsDirFD) close() {
 	d.stop()

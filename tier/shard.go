@@ -61,7 +61,15 @@ type cacheEntry struct {
 	key    [blockstore.KeySizeMax]byte
 	keyLen uint8
 	found  bool
+	hash   uint64
 	at     int64 // nanoseconds since the shard's epoch
+}
+
+// learnedEntry is a cache entry learned by another shard, with the cache
+// epoch it was learned in.
+type learnedEntry struct {
+	e     cacheEntry
+	epoch uint64
 }
 
 // cacheHits counts the keys of one request that a shard answered from its
@@ -102,9 +110,11 @@ type shard struct {
 	mu       sync.Mutex // guards the fields up to the blank line
 	inbox    []*request
 	cancels  []canceled
-	stopping bool // Close called: finish or cancel what is in flight
-	abandon  bool // Close's deadline passed: give up on the kernel
-	beClosed bool // the backend is closed: nothing may wake it
+	learned  []learnedEntry // what loads on other shards learned of this shard's keys (remember)
+	spareL   []learnedEntry // owner-only: learned's last backing array, for reuse
+	stopping bool           // Close called: finish or cancel what is in flight
+	abandon  bool           // Close's deadline passed: give up on the kernel
+	beClosed bool           // the backend is closed: nothing may wake it
 
 	work        []*request // requests with keys this shard has not started
 	ops         []op
@@ -126,10 +136,11 @@ type shard struct {
 	hits        cacheHits        // keys of the request being started answered from the cache
 	touched     map[uint64]int64 // key hash -> when this shard last reported the block used (recency.go)
 
-	inFlight atomic.Int64 // ops in the backend, for Stats
-	queued   atomic.Int64 // requests waiting for op slots, for Stats
-	stuckN   atomic.Int64 // for Stats
-	open     atomic.Bool  // breaker, for Stats
+	inFlight atomic.Int64  // ops in the backend, for Stats
+	started  atomic.Uint64 // ops started, for Stats
+	queued   atomic.Int64  // requests waiting for op slots, for Stats
+	stuckN   atomic.Int64  // for Stats
+	open     atomic.Bool   // breaker, for Stats
 }
 
 func newShard(t *Tier, idx int) *shard {
@@ -272,6 +283,8 @@ func (s *shard) intake() bool {
 	s.inbox = s.inbox[:0]
 	cancels := s.cancels
 	s.cancels = s.spare[:0]
+	learned := s.learned
+	s.learned = s.spareL[:0]
 	stopping, abandon := s.stopping, s.abandon
 	s.mu.Unlock()
 
@@ -295,6 +308,18 @@ func (s *shard) intake() bool {
 		s.cacheEpoch = e
 		clear(s.cache)
 	}
+	// Before any key of the requests just taken starts: a load's outcome
+	// is here before its Result is published, so a lookup submitted after
+	// the caller polled it sees what the load learned.
+	for _, l := range learned {
+		// Not what was learned before InvalidateLookups, nor over what
+		// this shard learned since.
+		old, ok := s.cache[l.e.hash]
+		if l.epoch == s.cacheEpoch && (!ok || old.at < l.e.at || old.key != l.e.key) {
+			s.cacheStore(l.e)
+		}
+	}
+	s.spareL = learned[:0]
 	return abandon
 }
 
@@ -326,8 +351,9 @@ func (s *shard) cancelInFlight(r *request) {
 	}
 }
 
-func (s *shard) mine(h uint64) bool {
-	return h%uint64(len(s.t.shards)) == uint64(s.idx)
+// mine reports whether key i of r is this shard's to handle.
+func (s *shard) mine(r *request, i int) bool {
+	return r.shardOf(i, len(s.t.shards)) == s.idx
 }
 
 // storesMax is how many stores a shard has in flight at most: reads go to
@@ -366,7 +392,7 @@ func (s *shard) startPass(now time.Time, pass Op) {
 		}
 		i := int(r.cursor[s.idx])
 		for ; i < r.n(); i++ {
-			if !s.mine(r.hashes[i]) {
+			if !s.mine(r, i) {
 				continue
 			}
 			if s.closing || r.canceled.Load() {
@@ -482,6 +508,7 @@ func (s *shard) startKey(r *request, i int, now time.Time) bool {
 	}
 	s.inUse++
 	s.inFlight.Store(int64(s.inUse))
+	s.started.Add(1)
 	s.be.start(j, o)
 	return true
 }
@@ -498,7 +525,7 @@ func (s *shard) expire(now time.Time) time.Time {
 			continue
 		}
 		for i := int(r.cursor[s.idx]); i < r.n(); i++ {
-			if s.mine(r.hashes[i]) {
+			if s.mine(r, i) {
 				s.t.setKey(r, i, StatusTimedOut, ErrTimeout)
 			}
 		}
@@ -642,7 +669,9 @@ func (s *shard) finish(j int32, now time.Time) {
 	s.free = append(s.free, j)
 }
 
-// remember updates the lookup cache with what op o learned.
+// remember updates the lookup cache with what op o learned: this shard's,
+// or, for a load dealt here whose key's lookups go to another shard, that
+// one's, which takes it in at its next intake.
 func (s *shard) remember(o *op, now time.Time) {
 	if s.t.opts.LookupCacheTTL <= 0 {
 		return
@@ -656,19 +685,31 @@ func (s *shard) remember(o *op, now time.Time) {
 	default:
 		return
 	}
+	e := cacheEntry{key: o.key, keyLen: o.keyLen, found: found, hash: o.hash, at: int64(now.Sub(s.epoch))}
+	home := s.t.shards[o.hash%uint64(len(s.t.shards))]
+	if home == s {
+		s.cacheStore(e)
+		return
+	}
+	e.at = int64(now.Sub(home.epoch))
+	home.mu.Lock()
+	home.learned = append(home.learned, learnedEntry{e, s.t.cacheEpoch.Load()})
+	home.mu.Unlock()
+}
+
+// cacheStore puts e in the lookup cache, emptying a full one first.
+func (s *shard) cacheStore(e cacheEntry) {
 	if len(s.cache) >= s.t.opts.LookupCacheSize {
 		clear(s.cache)
 	}
-	e := cacheEntry{keyLen: o.keyLen, found: found, at: int64(now.Sub(s.epoch))}
-	e.key = o.key
-	s.cache[o.hash] = e
+	s.cache[e.hash] = e
 }
 
 // abandonAll ends every key still in flight at Close's deadline.
 func (s *shard) abandonAll() {
 	for _, r := range s.work {
 		for i := int(r.cursor[s.idx]); i < r.n(); i++ {
-			if s.mine(r.hashes[i]) {
+			if s.mine(r, i) {
 				s.t.setKey(r, i, StatusCanceled, ErrCanceled)
 			}
 		}

@@ -123,6 +123,10 @@ type Stats struct {
 	CacheHits    uint64 // keys answered from the lookup cache
 	Shared       uint64 // lookup keys that joined an op already in flight
 	InFlight     int    // key operations in the kernel or the sync workers
+	// RingOps counts the key operations each ring started (one entry for
+	// the sync engine): lookups, stores and deletes go to a ring by the
+	// key's hash, loads in turn.
+	RingOps      []uint64
 	Queued       int    // requests waiting for free operation slots
 	Stuck        int    // operations past their deadline, not yet answered
 	Late         uint64 // completions that arrived after their deadline
@@ -203,6 +207,7 @@ func (t *Tier) Stats() Stats {
 	s.Touches, s.TouchesDropped = cp.touches.Load(), cp.touchDropped.Load()
 	for _, sh := range t.shards {
 		s.InFlight += int(sh.inFlight.Load())
+		s.RingOps = append(s.RingOps, sh.started.Load())
 		s.Queued += int(sh.queued.Load())
 		s.Stuck += int(sh.stuckN.Load())
 		s.BreakerOpen = s.BreakerOpen || sh.open.Load()

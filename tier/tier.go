@@ -27,6 +27,7 @@ type Tier struct {
 	log       *slog.Logger      // Options.Logger, or a silent one; immutable
 	seed      maphash.Seed      // key hashing; immutable
 	shards    []*shard          // one per ring (one for the sync engine); immutable after Open
+	ns        *nsDirFD          // the namespace directory, shared by the shards' backends
 	ready     chan struct{}     // capacity 1: results are waiting
 	buffers   [][]byte          // aligned buffers offered to callers; immutable after Open
 	bufMem    []byte            // the mapping behind buffers; nil once Close has unmapped it
@@ -49,6 +50,7 @@ type Tier struct {
 	stats      statsCounters         // atomic; see stats.go
 	cap        capacity              // atomic; see capacity.go
 	cacheEpoch atomic.Uint64         // bumped to empty every shard's lookup cache
+	spread     atomic.Uint64         // loads dealt so far: where the next load's keys start (request.shardOf)
 	draining   atomic.Int32          // Close, and owners still waiting for the kernel after it: the last frees the buffers
 	broken     atomic.Pointer[error] // set once when an engine fails (ErrBroken): submits return it
 
@@ -99,7 +101,8 @@ type request struct {
 	prefixOnly bool
 	keyData    []byte   // the keys, copied and concatenated
 	keyEnd     []int32  // key i is keyData[keyEnd[i-1]:keyEnd[i]]
-	hashes     []uint64 // key hashes; shard = hash % len(shards)
+	hashes     []uint64 // key hashes; a key's shard is hash % len(shards), but for loads (shardOf)
+	spread     uint64   // loads: key i goes to shard (spread + i) % len(shards)
 	bufs       [][]byte // caller buffers for loads and stores
 	res        []KeyResult
 	cursor     []int32 // per shard: next key index that shard has not looked at
@@ -128,6 +131,20 @@ func resize[T any](s []T, n int) []T {
 }
 
 func (r *request) n() int { return len(r.keyEnd) }
+
+// shardOf is the shard that handles key i of r, among n. Lookups, stores
+// and deletes go by the key's hash, so that one shard holds what the tier
+// knows of a key (its lookup cache, the lookup in flight that others
+// share). A load needs none of that, so loads are dealt round the shards
+// in turn: every ring gets its share of a batch, and a batch does not wait
+// for the ring its hashes happened to favour (the copies and checksums of
+// page-cache loads then keep every CPU busy).
+func (r *request) shardOf(i int, n int) int {
+	if r.op == OpLoad {
+		return int((r.spread + uint64(i)) % uint64(n))
+	}
+	return int(r.hashes[i] % uint64(n))
+}
 
 func (r *request) key(i int) []byte {
 	start := int32(0)
@@ -217,12 +234,16 @@ func (t *Tier) startEngine() error {
 	if info.Fallback != "" {
 		t.log.Warn("tier: io_uring is unusable here: falling back to the sync engine", "reason", info.Fallback)
 	}
-	if err := t.allocBuffers(); err != nil {
-		return err
-	}
 	n := 1
 	if info.Kind == EngineURing {
 		n = info.Rings
+	}
+	if t.ns, err = openNSDirFD(t, n); err != nil {
+		return err
+	}
+	if err := t.allocBuffers(); err != nil {
+		t.ns.close()
+		return err
 	}
 	for i := range n {
 		t.shards = append(t.shards, newShard(t, i))
@@ -480,9 +501,12 @@ func (t *Tier) submitTo(id uint64, op Op, prefixOnly bool, keys [][]byte, bufs [
 	// Each shard with keys of r holds a reference, counted in remaining
 	// like a key, until it has let go of r: so r is published, and its
 	// slot reused, only once no shard can still be looking at it.
+	if op == OpLoad {
+		r.spread = t.spread.Add(uint64(len(keys)))
+	}
 	var mask uint64
-	for _, h := range r.hashes {
-		mask |= 1 << (h % uint64(len(t.shards)))
+	for i := range r.hashes {
+		mask |= 1 << r.shardOf(i, len(t.shards))
 	}
 	r.remaining.Store(int32(len(keys) + bits.OnesCount64(mask)))
 	for i, s := range t.shards {
