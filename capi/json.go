@@ -49,6 +49,7 @@ type stats struct {
 	CacheHits    uint64             `json:"cache_hits"`
 	Shared       uint64             `json:"shared"`
 	InFlight     int                `json:"in_flight"`
+	RingOps      []uint64           `json:"ring_ops"` // key operations each ring started (one entry for the sync engine)
 	Queued       int                `json:"queued"`
 	Stuck        int                `json:"stuck"`
 	Late         uint64             `json:"late"`
@@ -82,7 +83,7 @@ func statsJSON(ns string, s tier.Stats) []byte {
 	out := stats{
 		Namespace: ns, Quarantined: s.Quarantined, QuarantineFailed: s.QuarantineFailed, Removed: s.Removed, RemoveFailed: s.RemoveFailed,
 		Engine: newEngineInfo(s.Engine), Ops: make(map[string]opStats),
-		Busy: s.Busy, CacheHits: s.CacheHits, Shared: s.Shared, InFlight: s.InFlight, Queued: s.Queued,
+		Busy: s.Busy, CacheHits: s.CacheHits, Shared: s.Shared, InFlight: s.InFlight, RingOps: s.RingOps, Queued: s.Queued,
 		Stuck: s.Stuck, Late: s.Late, Held: s.Held, BreakerOpen: s.BreakerOpen, BreakerTrips: s.BreakerTrips,
 		CapacityLimit: s.CapacityLimit, Usage: s.Usage, Evictor: s.Evictor, EvictorHolder: s.EvictorHolder,
 		Evicted: s.Evicted, EvictedBytes: s.EvictedBytes, Scans: s.Scans, ScanBlocks: s.ScanBlocks,

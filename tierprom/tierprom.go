@@ -81,6 +81,7 @@ type Collector struct {
 	readBytes, writtenBytes                            *prometheus.Desc
 	busy, cacheHits, shared, late                      *prometheus.Desc
 	breakerTrips, quarantined, quarantineFailed        *prometheus.Desc
+	ringOps                                            *prometheus.Desc
 	removed, removeFailed                              *prometheus.Desc
 	inFlight, queued, held, stuck, breakerOpen         *prometheus.Desc
 	engineInfo                                         *prometheus.Desc
@@ -115,6 +116,7 @@ func NewCollector(tr *tier.Tier, opts Options) *Collector {
 	c.shared = d("shared_lookups_total", "Lookup keys that joined an operation already in flight for the same key.")
 	c.late = d("late_completions_total", "Operations the kernel answered after their deadline.")
 	c.breakerTrips = d("breaker_trips_total", "Times a circuit breaker opened.")
+	c.ringOps = d("ring_operations_total", "Key operations each ring (or the sync engine) started: lookups, stores and deletes by key hash, loads in turn.", "ring")
 	c.quarantined = d("quarantined_blocks_total", "Corrupt block files moved into the quarantine directory.")
 	c.quarantineFailed = d("quarantine_failures_total", "Corrupt block files that could not be moved into the quarantine directory.")
 	c.removed = d("removed_blocks_total", "Corrupt block files that loads removed (OnCorrupt remove).")
@@ -145,7 +147,7 @@ func NewCollector(tr *tier.Tier, opts Options) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.requests, c.keys, c.outcomes, c.failures, c.readBytes, c.writtenBytes,
-		c.busy, c.cacheHits, c.shared, c.late, c.breakerTrips, c.quarantined, c.quarantineFailed,
+		c.busy, c.cacheHits, c.shared, c.late, c.breakerTrips, c.quarantined, c.quarantineFailed, c.ringOps,
 		c.removed, c.removeFailed,
 		c.inFlight, c.queued, c.held, c.stuck, c.breakerOpen, c.engineInfo,
 		c.capacity, c.usage, c.evictor, c.evicted, c.evictedBytes, c.scans, c.dirsRescanned, c.touches, c.touchesDropped,
@@ -191,6 +193,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.shared, s.Shared)
 	counter(c.late, s.Late)
 	counter(c.breakerTrips, s.BreakerTrips)
+	for i, n := range s.RingOps {
+		counter(c.ringOps, n, strconv.Itoa(i))
+	}
 	counter(c.quarantined, s.Quarantined)
 	counter(c.quarantineFailed, s.QuarantineFailed)
 	counter(c.removed, s.Removed)

@@ -156,6 +156,7 @@ func TestCollector(t *testing.T) {
 		"uringtier_evictor_dirs_rescanned_total": dto.MetricType_COUNTER,
 		"uringtier_touches_total":                dto.MetricType_COUNTER,
 		"uringtier_touches_dropped_total":        dto.MetricType_COUNTER,
+		"uringtier_ring_operations_total":        dto.MetricType_COUNTER,
 	}
 	for name, typ := range types {
 		require.Contains(t, after, name)
@@ -184,6 +185,8 @@ func TestCollector(t *testing.T) {
 	assert.Equal(t, float64(2*blockSize), value(t, after["uringtier_read_bytes_total"], nil))
 	assert.Equal(t, float64(4*blockSize), value(t, after["uringtier_written_bytes_total"], nil))
 	assert.Zero(t, value(t, after["uringtier_key_failures_total"], map[string]string{"op": "store", "reason": "nospace"}))
+	// 4 stores, 1 lookup (the other 2 answered by the cache the stores taught), 2 loads.
+	assert.Equal(t, 7.0, value(t, after["uringtier_ring_operations_total"], map[string]string{"ring": "0"}))
 	assert.Equal(t, 1.0, value(t, after["uringtier_engine_info"], map[string]string{"engine": "sync", "direct": strconv.FormatBool(tr.Engine().Direct)}))
 }
 

@@ -257,7 +257,11 @@ class Conformance:
         # Packed keys, and a second delete of the same blocks.
         tier.delete(4, b"".join(keys(1, 3)), key_size=32)
         self.assertEqual(collect(tier, [4])[4].statuses, [Status.MISSING, Status.DELETED])
-        self.assertEqual(tier.stats()["ops"]["delete"]["outcomes"], {"deleted": 3, "missing": 2})
+        stats = tier.stats()
+        self.assertEqual(stats["ops"]["delete"]["outcomes"], {"deleted": 3, "missing": 2})
+        # Every operation started is counted by the ring that ran it (one entry for the sync engine).
+        self.assertEqual(len(stats["ring_ops"]), max(1, tier.engine.rings))
+        self.assertGreaterEqual(sum(stats["ring_ops"]), 4 + 4)
         with self.assertRaisesRegex(uringtier.InvalidRequestError, "key 0"):
             tier.delete(5, [b"abc"])
 
