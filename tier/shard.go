@@ -65,6 +65,12 @@ type cacheEntry struct {
 	at     int64 // nanoseconds since the shard's epoch
 }
 
+// learnedMax bounds what a shard holds for another until that one takes
+// it in (at its next intake: at once if a lookup wakes it, within a second
+// otherwise). Beyond it, what loads learned is dropped: the cache is a
+// hint, and a load never trusts it.
+const learnedMax = 4096
+
 // learnedEntry is a cache entry learned by another shard, with the cache
 // epoch it was learned in.
 type learnedEntry struct {
@@ -693,7 +699,9 @@ func (s *shard) remember(o *op, now time.Time) {
 	}
 	e.at = int64(now.Sub(home.epoch))
 	home.mu.Lock()
-	home.learned = append(home.learned, learnedEntry{e, s.t.cacheEpoch.Load()})
+	if len(home.learned) < learnedMax {
+		home.learned = append(home.learned, learnedEntry{e, s.t.cacheEpoch.Load()})
+	}
 	home.mu.Unlock()
 }
 
