@@ -103,9 +103,15 @@ func put(t testing.TB, tr *Tier, idx ...int) {
 // their Results by request ID. A second Result for a request fails.
 func await(t testing.TB, tr *Tier, want ...uint64) map[uint64]Result {
 	t.Helper()
+	return awaitWithin(t, tr, 20*time.Second, want...)
+}
+
+// awaitWithin is await, failing after d instead of 20 s.
+func awaitWithin(t testing.TB, tr *Tier, d time.Duration, want ...uint64) map[uint64]Result {
+	t.Helper()
 	got := map[uint64]Result{}
 	buf := make([]Result, 8)
-	deadline := time.After(20 * time.Second)
+	deadline := time.After(d)
 	for len(got) < len(want) {
 		select {
 		case <-tr.Ready():
