@@ -321,7 +321,7 @@ func (s *shard) intake() bool {
 		// Not what was learned before InvalidateLookups, nor over what
 		// this shard learned since.
 		old, ok := s.cache[l.e.hash]
-		if l.epoch == s.cacheEpoch && (!ok || old.at < l.e.at || old.key != l.e.key) {
+		if l.epoch == s.cacheEpoch && (!ok || old.at < l.e.at || old.keyLen != l.e.keyLen || old.key != l.e.key) {
 			s.cacheStore(l.e)
 		}
 	}
