@@ -167,3 +167,28 @@ func TestLoadsSpreadOverRings(t *testing.T) {
 	assert.Equal(t, len(idx), await(t, tr, 2)[2].Prefix)
 	assert.Equal(t, after[1], tr.Stats().RingOps[1], "lookups go to the ring of their hash")
 }
+
+// TestLoadLearnedBeforeInvalidate: what a load on another ring learned of
+// a key reaches the key's ring at its next intake, which may come after
+// InvalidateLookups; it must not bring the emptied cache's knowledge back.
+func TestLoadLearnedBeforeInvalidate(t *testing.T) {
+	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.Rings, o.LookupCacheTTL = 2, time.Hour })
+	var idx []int // two keys whose lookups go to ring 0: one of them is loaded on ring 1
+	for i := 0; len(idx) < 2; i++ {
+		if maphash.Bytes(tr.seed, testKey(i))%2 == 0 {
+			idx = append(idx, i)
+		}
+	}
+	put(t, tr, idx...)
+	bufs := [][]byte{make([]byte, testBlockSize), make([]byte, testBlockSize)}
+	before := tr.Stats().RingOps
+	require.NoError(t, tr.Load(1, testKeys(idx...), bufs))
+	require.Equal(t, 2, await(t, tr, 1)[1].Prefix)
+	require.Equal(t, before[1]+1, tr.Stats().RingOps[1], "one key was loaded on ring 1")
+	for _, i := range idx {
+		require.NoError(t, tr.BlockStore().Delete(tr.Namespace(), testKey(i)))
+	}
+	tr.InvalidateLookups()
+	require.NoError(t, tr.Lookup(2, testKeys(idx...)))
+	assert.Equal(t, []Status{StatusMissing, StatusMissing}, statuses(await(t, tr, 2)[2]))
+}

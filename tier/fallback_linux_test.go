@@ -65,21 +65,22 @@ var conformanceSuite = []struct {
 
 // notInConformanceSuite is every other test of this package, with the reason it stays out.
 var notInConformanceSuite = map[string]string{
-	"TestOpenFailsCleanly":          "it makes the io_uring engine's set-up fail, which needs io_uring",
-	"TestEngineEnvOverridesAuto":    "it asks for io_uring through URINGTIER_ENGINE=uring, which must fail without it; linux_test.TestNoIOURing checks that failure",
-	"TestConformanceWithoutIOURing": "it is the test that runs the suite in the child",
-	"TestConformanceSuiteComplete":  "it checks the list, not the tier",
-	"TestBrokenRingFailsTheTier":    "it injects a fault into the io_uring engine's ring",
-	"TestReapUnderPressure":         "it shrinks the io_uring engine's queues",
-	"TestLoadsSpreadOverRings":      "it needs two io_uring rings; the sync engine has one shard",
-	"TestHugeBlock":                 "it moves 2 GiB through each engine; the sync engine it would run in the child is the same code as here",
-	"TestLogBreaker":                "it needs a FUSE mount, and the breaker is the shard's, the same code with either engine",
-	"TestLogFallback":               "it starts its own child without io_uring",
-	"TestNoteQuarantine":            "it calls the engines' hook directly, on the sync engine already",
-	"TestFailureClasses":            "it needs a FUSE mount; the counting is the shard's, the same code with either engine",
-	"TestProbedSlotsEmptied":        "it reads the io_uring engine's fixed-file table",
-	"TestEstimate":                  "it is arithmetic on the capacity's counters, no engine involved",
-	"TestVLLMConcurrentWriters":     "it races a Python process for seconds per engine; the sync engine it would run in the child is the same code as here",
+	"TestOpenFailsCleanly":            "it makes the io_uring engine's set-up fail, which needs io_uring",
+	"TestEngineEnvOverridesAuto":      "it asks for io_uring through URINGTIER_ENGINE=uring, which must fail without it; linux_test.TestNoIOURing checks that failure",
+	"TestConformanceWithoutIOURing":   "it is the test that runs the suite in the child",
+	"TestConformanceSuiteComplete":    "it checks the list, not the tier",
+	"TestBrokenRingFailsTheTier":      "it injects a fault into the io_uring engine's ring",
+	"TestReapUnderPressure":           "it shrinks the io_uring engine's queues",
+	"TestLoadsSpreadOverRings":        "it needs two io_uring rings; the sync engine has one shard",
+	"TestLoadLearnedBeforeInvalidate": "it needs two io_uring rings; the sync engine has one shard",
+	"TestHugeBlock":                   "it moves 2 GiB through each engine; the sync engine it would run in the child is the same code as here",
+	"TestLogBreaker":                  "it needs a FUSE mount, and the breaker is the shard's, the same code with either engine",
+	"TestLogFallback":                 "it starts its own child without io_uring",
+	"TestNoteQuarantine":              "it calls the engines' hook directly, on the sync engine already",
+	"TestFailureClasses":              "it needs a FUSE mount; the counting is the shard's, the same code with either engine",
+	"TestProbedSlotsEmptied":          "it reads the io_uring engine's fixed-file table",
+	"TestEstimate":                    "it is arithmetic on the capacity's counters, no engine involved",
+	"TestVLLMConcurrentWriters":       "it races a Python process for seconds per engine; the sync engine it would run in the child is the same code as here",
 }
 
 // TestConformanceWithoutIOURing runs the conformance suite in a child process of this test binary

@@ -61,7 +61,6 @@ type cacheEntry struct {
 	key    [blockstore.KeySizeMax]byte
 	keyLen uint8
 	found  bool
-	hash   uint64
 	at     int64 // nanoseconds since the shard's epoch
 }
 
@@ -71,10 +70,11 @@ type cacheEntry struct {
 // hint, and a load never trusts it.
 const learnedMax = 4096
 
-// learnedEntry is a cache entry learned by another shard, with the cache
-// epoch it was learned in.
+// learnedEntry is a cache entry learned by another shard, with its key's
+// hash and the cache epoch it was learned in.
 type learnedEntry struct {
 	e     cacheEntry
+	hash  uint64
 	epoch uint64
 }
 
@@ -320,9 +320,9 @@ func (s *shard) intake() bool {
 	for _, l := range learned {
 		// Not what was learned before InvalidateLookups, nor over what
 		// this shard learned since.
-		old, ok := s.cache[l.e.hash]
+		old, ok := s.cache[l.hash]
 		if l.epoch == s.cacheEpoch && (!ok || old.at < l.e.at || old.keyLen != l.e.keyLen || old.key != l.e.key) {
-			s.cacheStore(l.e)
+			s.cacheStore(l.hash, l.e)
 		}
 	}
 	s.spareL = learned[:0]
@@ -691,26 +691,27 @@ func (s *shard) remember(o *op, now time.Time) {
 	default:
 		return
 	}
-	e := cacheEntry{key: o.key, keyLen: o.keyLen, found: found, hash: o.hash, at: int64(now.Sub(s.epoch))}
+	e := cacheEntry{key: o.key, keyLen: o.keyLen, found: found, at: int64(now.Sub(s.epoch))}
 	home := s.t.shards[o.hash%uint64(len(s.t.shards))]
 	if home == s {
-		s.cacheStore(e)
+		s.cacheStore(o.hash, e)
 		return
 	}
 	e.at = int64(now.Sub(home.epoch))
 	home.mu.Lock()
 	if len(home.learned) < learnedMax {
-		home.learned = append(home.learned, learnedEntry{e, s.t.cacheEpoch.Load()})
+		home.learned = append(home.learned, learnedEntry{e, o.hash, s.t.cacheEpoch.Load()})
 	}
 	home.mu.Unlock()
 }
 
-// cacheStore puts e in the lookup cache, emptying a full one first.
-func (s *shard) cacheStore(e cacheEntry) {
+// cacheStore puts e, the entry of the key with hash h, in the lookup
+// cache, emptying a full one first.
+func (s *shard) cacheStore(h uint64, e cacheEntry) {
 	if len(s.cache) >= s.t.opts.LookupCacheSize {
 		clear(s.cache)
 	}
-	s.cache[e.hash] = e
+	s.cache[h] = e
 }
 
 // abandonAll ends every key still in flight at Close's deadline.
