@@ -2,6 +2,7 @@ package tier
 
 import (
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -61,8 +62,9 @@ func (s *shard) noteUse(o *op, now time.Time) {
 func (t *Tier) toucher(stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
 	layout := t.store.Layout()
-	path := make([]byte, 0, len(t.nsDir)+blockstore.PathMax)
-	omit := unix.Timespec{Nsec: unix.UTIME_OMIT}
+	path := make([]byte, 0, len(t.nsDir)+blockstore.PathMax+2)
+	times := [2]unix.Timespec{1: {Nsec: unix.UTIME_OMIT}} // atime now, mtime as it is
+	cwd := unix.AT_FDCWD
 	for {
 		var tc touch
 		select {
@@ -71,10 +73,13 @@ func (t *Tier) toucher(stop <-chan struct{}, done chan<- struct{}) {
 		case tc = <-t.touchC:
 		}
 		path = append(append(path[:0], t.nsDir...), '/')
-		path = layout.AppendPath(path, tc.key[:tc.n])
-		now := unix.NsecToTimespec(time.Now().UnixNano())
-		err := unix.UtimesNanoAt(unix.AT_FDCWD, string(path), []unix.Timespec{now, omit}, unix.AT_SYMLINK_NOFOLLOW)
-		if err == nil {
+		path = append(layout.AppendPath(path, tc.key[:tc.n]), 0)
+		times[0] = unix.NsecToTimespec(time.Now().UnixNano())
+		// utimensat(2) directly: UtimesNanoAt would allocate a string and a
+		// slice per block.
+		_, _, e := unix.Syscall6(unix.SYS_UTIMENSAT, uintptr(cwd), uintptr(unsafe.Pointer(&path[0])),
+			uintptr(unsafe.Pointer(&times)), unix.AT_SYMLINK_NOFOLLOW, 0, 0)
+		if e == 0 {
 			t.cap.touches.Add(1)
 		}
 	}
