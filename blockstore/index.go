@@ -869,17 +869,14 @@ func statxNanos(t unix.StatxTimestamp) int64 { return t.Sec*1e9 + int64(t.Nsec) 
 // statx is statx(2) of the NUL-terminated path relative to dirfd,
 // retrying EINTR; it does not allocate.
 func statx(dirfd int, path *byte, flags, mask int, stx *unix.Statx_t) error {
-	for {
+	return ignoringEINTR(func() error {
 		_, _, e := unix.Syscall6(unix.SYS_STATX, uintptr(dirfd), uintptr(unsafe.Pointer(path)), uintptr(flags),
 			uintptr(mask), uintptr(unsafe.Pointer(stx)), 0)
-		switch e {
-		case 0:
-			return nil
-		case unix.EINTR:
-			continue
+		if e != 0 {
+			return e
 		}
-		return e
-	}
+		return nil
+	})
 }
 
 // openAt is openat(2) of the NUL-terminated path relative to dirfd, with
