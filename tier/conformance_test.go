@@ -511,6 +511,13 @@ func TestEngineEnvOverridesAuto(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, kind, tr.Engine().Kind)
 		assert.Empty(t, tr.Engine().Fallback)
+		// The flags are those the owners' rings were granted: every ring
+		// asks for CQSIZE; the sync engine has none.
+		if kind == EngineURing {
+			assert.Contains(t, tr.Engine().Flags, "CQSIZE")
+		} else {
+			assert.Empty(t, tr.Engine().Flags)
+		}
 		require.NoError(t, tr.Close(context.Background()))
 	}
 }

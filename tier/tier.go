@@ -248,14 +248,18 @@ func (t *Tier) startEngine() error {
 	for i := range n {
 		t.shards = append(t.shards, newShard(t, i))
 	}
-	errs := make(chan error, n)
+	started := make(chan startedShard, n)
 	for _, s := range t.shards {
-		go s.run(errs)
+		go s.run(started)
 	}
 	var first error
 	for range t.shards {
-		if err := <-errs; err != nil && first == nil {
-			first = err
+		r := <-started
+		if r.err != nil && first == nil {
+			first = r.err
+		}
+		if r.err == nil && r.shard == 0 {
+			info = r.info // taken in after every owner has read t.engine
 		}
 	}
 	if first != nil {
@@ -263,9 +267,7 @@ func (t *Tier) startEngine() error {
 		t.Close(context.Background())
 		return first
 	}
-	if info.Kind == EngineURing {
-		t.engine.Flags = t.shards[0].be.(*uringBackend).ring.Flags().String()
-	}
+	t.engine = info
 	t.logEngine()
 	return nil
 }
@@ -296,30 +298,49 @@ func chooseEngine(dir string, opts Options) (EngineInfo, error) {
 	return e, nil
 }
 
+// startedShard is what a shard's owner says once its backend is set up:
+// the engine as that backend found it, or why it could not start.
+type startedShard struct {
+	shard int
+	info  EngineInfo
+	err   error
+}
+
 // run is a shard's owner goroutine, with either engine: it sets up the
 // shard's backend (an io_uring owner with EngineInfo.OwnThreads first takes
-// a thread of its own), says how that went on errs, and runs the shard's
-// loop.
-func (s *shard) run(errs chan<- error) {
-	e := s.t.engine
-	if e.OwnThreads {
+// a thread of its own), says how that went on started, and runs the
+// shard's loop.
+func (s *shard) run(started chan<- startedShard) {
+	if s.t.engine.OwnThreads {
 		runtime.LockOSThread() // for the ring's life; the thread exits with the goroutine
 	}
-	var be backend
-	var err error
-	if e.Kind == EngineURing {
-		be, err = newURingBackend(s.t, s)
-	} else {
-		be, err = newSyncBackend(s.t, s)
-	}
+	be, info, err := newBackend(s.t, s)
 	if err != nil {
 		close(s.exited)
-		errs <- err
+		started <- startedShard{shard: s.idx, err: err}
 		return
 	}
 	s.be = be
-	errs <- nil
+	started <- startedShard{shard: s.idx, info: info}
 	s.loop()
+}
+
+// newBackend sets up shard s's backend of the engine chooseEngine chose
+// (t.engine), on the shard's owner goroutine, and returns it with the
+// engine as it is in force there: EngineInfo.Flags are the io_uring setup
+// flags the kernel granted.
+func newBackend(t *Tier, s *shard) (backend, EngineInfo, error) {
+	info := t.engine
+	if info.Kind != EngineURing {
+		b, err := newSyncBackend(t, s)
+		return b, info, err
+	}
+	b, err := newURingBackend(t, s)
+	if err != nil {
+		return nil, info, err
+	}
+	info.Flags = b.ring.Flags().String()
+	return b, info, nil
 }
 
 // logEngine logs the engine in force and why, and whether loads use
