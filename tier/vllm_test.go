@@ -132,8 +132,27 @@ func TestVLLMRawCorrupt(t *testing.T) {
 					{"directory", "not a regular file (directory)", func(p string) error { return os.Mkdir(p, 0o755) }},
 					{"fifo", "not a regular file (fifo)", func(p string) error { return unix.Mkfifo(p, 0o644) }},
 					{"symlink to a good block", "symlink at block path", func(p string) error { return os.Symlink(vllmPath(root, v, vllmKey(0)), p) }},
+					// Another tenant's tree, planted as the block's directory:
+					// a file of the right size at the right name beneath it.
+					{"symlinked directory on the way", "symlink at block path", func(p string) error {
+						other := filepath.Join(root, "other-tenant")
+						if err := os.MkdirAll(other, 0o755); err != nil {
+							return err
+						}
+						if err := os.WriteFile(filepath.Join(other, filepath.Base(p)), good, 0o644); err != nil {
+							return err
+						}
+						if err := os.Remove(filepath.Dir(p)); err != nil {
+							return err
+						}
+						return os.Symlink(other, filepath.Dir(p))
+					}},
 				}
 				keys := vllmKeys(0, len(plant))
+				last := vllmPath(root, v, keys[len(keys)-1])
+				for _, k := range keys[:len(keys)-1] {
+					require.NotEqual(t, filepath.Dir(last), filepath.Dir(vllmPath(root, v, k)), "the planted link's directory holds only its own key")
+				}
 				for i, c := range plant {
 					p := vllmPath(root, v, keys[i])
 					require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))

@@ -70,6 +70,33 @@ class Conformance:
         tier.store(2, keys(0, 4), [payload(i, BLOCK) for i in range(4)])
         self.assertEqual(collect(tier, [2])[2].statuses, [Status.PRESENT] * 4, "a block there is not written again")
 
+    def test_group_and_parallel_agnostic(self: Base) -> None:
+        # parallel_agnostic: the run config's four parallel sizes count as 1 and the rank as 0.
+        agnostic = dict(FIELDS, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1)
+        self.assertNotEqual(base_name(agnostic), base_name(FIELDS))
+        tier = self.open(vllm_config=self.write_config(), rank=3, group=2, parallel_agnostic=True)
+        self.assertEqual(tier.namespace, base_name(agnostic) + "_r0")
+        with open(os.path.join(self.dir, base_name(agnostic), "config.json")) as f:
+            self.assertEqual(json.loads(f.read()), agnostic)
+        tier.store(1, [key(7)], [payload(7, BLOCK)])
+        self.assertEqual(collect(tier, [1])[1].statuses, [Status.STORED])
+        h = key(7).hex()
+        path = os.path.join(self.dir, base_name(agnostic) + "_r0", h[:3], f"{h[3:5]}_g2", f"{h}.bin")
+        with open(path, "rb") as f:
+            self.assertEqual(f.read(), payload(7, BLOCK), "group 2's directory of rank 0")
+        tier.close()
+        # The same directory named by its base, as when dir holds several for the model; another
+        # group of it does not see group 2's block.
+        for group, want in ((2, Status.LOADED), (0, Status.MISSING)):
+            tier = self.open(vllm_base=base_name(agnostic), rank=0, group=group)
+            self.assertEqual(tier.namespace, base_name(agnostic) + "_r0")
+            buf = bytearray(BLOCK)
+            tier.load(2, [key(7)], [buf])
+            self.assertEqual(collect(tier, [2])[2].statuses, [want], f"group {group}")
+            if want == Status.LOADED:
+                self.assertEqual(bytes(buf), payload(7, BLOCK))
+            tier.close()
+
     def test_read_vllm_blocks(self: Base) -> None:
         # Blocks as vLLM writes them: the raw payload in a temporary file renamed into place.
         for i in range(6):
