@@ -12,9 +12,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// headerPool holds HeaderSize buffers so Put and Get do not allocate one
-// per call.
-var headerPool = sync.Pool{New: func() any { return new([HeaderSize]byte) }}
+// headerPool holds ScratchSize buffers (a header, and a load's room past
+// the block's end) so Put and Get do not allocate one per call.
+var headerPool = sync.Pool{New: func() any { return new([ScratchSize]byte) }}
 
 // Put stores payload as the block key in namespace ns, atomically: it
 // writes a temporary file in the block's directory, makes it as durable as
@@ -49,11 +49,11 @@ func (s *Store) Put(ns string, key, payload []byte) error {
 		return err
 	}
 	defer func() { unix.Close(dirfd) }()
-	hdr := headerPool.Get().(*[HeaderSize]byte)
+	hdr := headerPool.Get().(*[ScratchSize]byte)
 	defer headerPool.Put(hdr)
 	p := programPool.Get().(*Program)
 	defer programPool.Put(p)
-	if err := p.Start(cfg, OpStore, key, payload, hdr[:], false); err != nil {
+	if err := p.Start(cfg, OpStore, key, payload, hdr[:HeaderSize], false); err != nil {
 		return err
 	}
 	for {
@@ -208,7 +208,7 @@ func (s *Store) Get(ns string, key, buf []byte) (int, error) {
 		}
 		size = s.blockSize
 	}
-	hdr := headerPool.Get().(*[HeaderSize]byte)
+	hdr := headerPool.Get().(*[ScratchSize]byte)
 	defer headerPool.Put(hdr)
 	p := programPool.Get().(*Program)
 	defer programPool.Put(p)
@@ -337,9 +337,9 @@ func (s *Store) readRaw(fd int, st *unix.Stat_t, buf []byte, grow func(int) []by
 
 // readOpen is readBlock once the file is open.
 func readOpen(fd int, st *unix.Stat_t, key, buf []byte, grow func(int) []byte) (int, error) {
-	hdr := headerPool.Get().(*[HeaderSize]byte)
+	hdr := headerPool.Get().(*[ScratchSize]byte)
 	defer headerPool.Put(hdr)
-	n, err := preadFull(fd, hdr[:], 0)
+	n, err := preadFull(fd, hdr[:HeaderSize], 0)
 	if err != nil {
 		return 0, err
 	}

@@ -28,7 +28,9 @@ import (
 //
 //	lookup: STATX, or an OPEN with O_PATH that is a Probe (no symlink followed; anything
 //	        else at the path may be a block, for a load to judge)
-//	load:   OPEN ─ READ past the block's end ═ [READ header ─] READ payload ─ … ─ CLOSE
+//	load:   OPEN ─ READV [header,] payload, past the block's end ═ CLOSE
+//	        or, for a block bigger than one read, or after a READV that ended before the
+//	        payload did: OPEN ─ READ past the block's end ═ [READ header ─] READ payload ─ … ─ CLOSE
 //	        then for a short read: READ the rest ─ … ─ CLOSE; for an open or read that fails
 //	        oddly or a file shorter than the format's least (a header; a raw block): STATX
 //	        (what is there?); for a corrupt block, as Config.Corrupt says: RENAME into
@@ -73,6 +75,7 @@ const (
 	StepStatx  StepOp = iota // statx(dir, Path, AT_SYMLINK_NOFOLLOW|AT_STATX_DONT_SYNC, TYPE|SIZE, &Stx)
 	StepOpen                 // openat2(dir, Path, How): the program's file
 	StepRead                 // pread(file, Buf, Off)
+	StepReadv                // preadv(file, Vec, Off)
 	StepWrite                // pwrite(file, Buf, Off)
 	StepFsync                // fdatasync(file), or fsync for a directory
 	StepClose                // close(file)
@@ -81,7 +84,7 @@ const (
 	StepUnlink               // unlinkat(dir, Path, 0)
 )
 
-var stepOpNames = [...]string{"statx", "openat", "read", "write", "fsync", "close", "mkdirat", "renameat", "unlinkat"}
+var stepOpNames = [...]string{"statx", "openat", "read", "readv", "write", "fsync", "close", "mkdirat", "renameat", "unlinkat"}
 
 // String returns the system call's name, as errors name it.
 func (o StepOp) String() string { return stepOpNames[o] }
@@ -102,7 +105,8 @@ type role uint8
 const (
 	roleLookup role = iota
 	roleOpen
-	roleTail // a read past the end of a block of the expected size
+	roleTail  // a read past the end of a block of the expected size
+	roleWhole // a vectored read of header, payload and past the end
 	roleHeader
 	rolePayload
 	roleDirSync // fsync of a directory: Path names it
@@ -135,10 +139,11 @@ type Step struct {
 	// empties such slots when it goes idle: a linked CLOSE would cost a
 	// request and a completion per lookup.
 	Probe bool
-	Buf   []byte // a read's or write's memory
-	Off   int64  // a read's or write's file offset
-	Res   int32  // the result: what the system call returned, or -errno
-	Data  bool   // an FSYNC of file data only (fdatasync): the file is new, its size is data
+	Buf   []byte       // a read's or write's memory
+	Vec   []unix.Iovec // a vectored read's memory, in the program's memory
+	Off   int64        // a read's or write's file offset
+	Res   int32        // the result: what the system call returned, or -errno
+	Data  bool         // an FSYNC of file data only (fdatasync): the file is new, its size is data
 	role  role
 	dir   uint16 // a MKDIR's or directory FSYNC's path: its offset in the program's dirs
 }
@@ -147,7 +152,19 @@ type Step struct {
 // a read or write that moved less than it asked. It is when LinkOnSuccess
 // stops a chain.
 func (s *Step) Failed() bool {
-	return s.Res < 0 || (s.Op == StepRead || s.Op == StepWrite) && int(s.Res) < len(s.Buf)
+	switch {
+	case s.Res < 0:
+		return true
+	case s.Op == StepRead || s.Op == StepWrite:
+		return int(s.Res) < len(s.Buf)
+	case s.Op == StepReadv:
+		n := uint64(0)
+		for _, v := range s.Vec {
+			n += v.Len
+		}
+		return uint64(s.Res) < n
+	}
+	return false
 }
 
 // Status is a program's outcome.
@@ -171,6 +188,10 @@ const (
 	StepsMax  = 16  // steps in one phase
 	ChunksMax = 4   // payload reads or writes in one phase
 	PathMax   = 256 // a path beneath the namespace directory, with its NUL
+
+	// ScratchSize is what a program's hdr memory should be: a header
+	// and room for a load's read past the block's end.
+	ScratchSize = 2 * HeaderSize
 
 	quarantinePathMax = 1024 // an absolute quarantine path, with its NUL
 )
@@ -234,6 +255,7 @@ type Program struct {
 	tmp   [PathMax]byte // a store's temporary file
 	dirs  [PathMax]byte // directories to create or sync, each NUL-terminated
 	qpath [quarantinePathMax]byte
+	iov   [3]unix.Iovec // a load's vectored read: header, payload, past the end
 }
 
 // progress is a program's state between phases: small, so that Start
@@ -242,6 +264,7 @@ type progress struct {
 	cfg      *Config
 	buf      []byte // the payload
 	hdr      []byte // HeaderSize bytes, aligned where O_DIRECT is used
+	past     []byte // HeaderSize bytes after hdr, for a vectored read past the block's end; or nil
 	direct   bool
 	phase    phase
 	fileOpen bool
@@ -249,6 +272,7 @@ type progress struct {
 	retried  bool          // a store already recreated its directories once; a load already met a stale file once
 	reopen   bool          // a load closes a stale file and walks the path again
 	eof      bool          // a load's read met the end of the file
+	byStep   bool          // a load reads header, payload and past the end with a read each
 	moveAway bool          // a load's verdict, kept through its type check: dispose of the file
 	disposal CorruptAction // what a load did with the file: CorruptQuarantine or CorruptRemove, once tried
 	dispErr  error         // and this is why it could not
@@ -346,12 +370,16 @@ func (c *Config) Check() error {
 
 // Start lays out the first phase of op on key. buf is the payload of a
 // load or store (the caller's memory, kept until the program is decided);
-// hdr is HeaderSize bytes of the program's own, aligned for O_DIRECT;
-// direct asks loads and stores to bypass the page cache (O_DIRECT: buf and
-// hdr aligned to HeaderSize).
+// hdr is HeaderSize bytes of the program's own, aligned for O_DIRECT, or
+// ScratchSize, which lets a load read header, payload and past the
+// block's end with one vectored read; direct asks loads and stores to
+// bypass the page cache (O_DIRECT: buf and hdr aligned to HeaderSize).
 func (p *Program) Start(cfg *Config, op Op, key, buf, hdr []byte, direct bool) error {
 	p.Op, p.N, p.Status, p.Err, p.Canceled, p.Renew = op, 0, StatusPending, nil, false, false
 	p.progress = progress{cfg: cfg, buf: buf, hdr: hdr, direct: direct, fd: -1}
+	if len(hdr) >= ScratchSize {
+		p.hdr, p.past = hdr[:HeaderSize:HeaderSize], hdr[HeaderSize:ScratchSize:ScratchSize]
+	}
 	if op == OpStore && cfg.Format == FormatRaw {
 		p.phase = phaseExists // a raw store skips a block that is there
 	}
@@ -395,10 +423,27 @@ func (p *Program) lay() {
 		p.How = unix.OpenHow{Flags: flags, Resolve: ResolveBeneath}
 		s := p.add(StepOpen, roleOpen, LinkOnSuccess)
 		s.Path, s.How = &p.path[0], &p.How
+		off := p.cfg.Format.PayloadOffset()
+		if !p.byStep && p.past != nil && off+int64(len(p.buf))+HeaderSize <= int64(RWMax) {
+			// One read for header, payload and past the end: a device
+			// round trip (and a completion) instead of three. It closes
+			// whatever it read; a read that ends before the payload does
+			// is done again step by step (judgeLoad).
+			n := 0
+			for _, b := range [][]byte{p.hdr[:off], p.buf, p.past} {
+				if len(b) > 0 {
+					p.iov[n] = unix.Iovec{Base: &b[0], Len: uint64(len(b))}
+					n++
+				}
+			}
+			s = p.add(StepReadv, roleWhole, LinkAlways)
+			s.Vec = p.iov[:n]
+			p.add(StepClose, roleClose, LinkNone)
+			break
+		}
 		// The header buffer first serves the read past the block's end;
 		// the header read after it overwrites it. (A raw block has no
 		// header: the buffer is the read's alone.)
-		off := p.cfg.Format.PayloadOffset()
 		s = p.add(StepRead, roleTail, LinkAlways)
 		s.Buf, s.Off = p.hdr, off+int64(len(p.buf))
 		if off > 0 {

@@ -1,8 +1,11 @@
 package blockstore
 
-// The load program: open, read past the end, header (framed format) and
-// payload, close; a short read reads on, something odd is looked at, a
-// corrupt file goes to the quarantine or is removed, as Config.Corrupt says.
+// The load program: open, one vectored read of header (framed format),
+// payload and past the end, close; or, for a block too big for one read
+// or after a vectored read that ended early, a read each for past the
+// end, header and payload, where a short read reads on. Something odd is
+// looked at; a corrupt file goes to the quarantine or is removed, as
+// Config.Corrupt says.
 
 import (
 	"fmt"
@@ -39,13 +42,15 @@ func (p *Program) judgeLoad() bool {
 		}
 		return p.settleLoad()
 	}
-	moved := false
+	off := p.cfg.Format.PayloadOffset()
+	moved, short := false, false
 	for k := range p.N {
 		s := &p.Steps[k]
 		r := s.Res
+		read := s.Op == StepRead || s.Op == StepReadv
 		switch {
-		case r == -int32(unix.ESTALE) && (s.role == roleOpen || s.Op == StepRead),
-			r == -int32(unix.ENOENT) && s.Op == StepRead:
+		case r == -int32(unix.ESTALE) && (s.role == roleOpen || read),
+			r == -int32(unix.ENOENT) && read:
 			// ENOENT from a read of an open file: GlusterFS's answer when
 			// another client removed it (evicted or deleted), as ESTALE
 			// is NFS's.
@@ -69,6 +74,11 @@ func (p *Program) judgeLoad() bool {
 			return p.decide(StatusFailed, p.pathError(StepRead, p.path[:], syscall.Errno(-r)))
 		case s.role == roleTail:
 			p.tail = r
+		case s.role == roleWhole:
+			want := off + int64(len(p.buf))
+			if short = int64(r) < want; !short {
+				p.hdrDone, p.payDone, p.tail, p.eof = off, int64(len(p.buf)), int32(int64(r)-want), true
+			}
 		default:
 			moved = moved || r > 0
 			if s.role == roleHeader {
@@ -79,7 +89,9 @@ func (p *Program) judgeLoad() bool {
 			p.eof = p.eof || r == 0
 		}
 	}
-	off := p.cfg.Format.PayloadOffset()
+	if short {
+		return p.readByStep()
+	}
 	if !p.eof && (p.hdrDone < off || p.payDone < int64(len(p.buf))) {
 		if !moved || p.Canceled {
 			// Nothing read and no end of file: the reads were canceled.
@@ -105,6 +117,24 @@ func (p *Program) judgeLoad() bool {
 	}
 	p.Status, p.Err, p.moveAway = st, err, quarantine
 	return p.settleLoad()
+}
+
+// readByStep loads again with a read each for the part past the end, the
+// header and the payload, which read on after a short read: the vectored
+// read ended before the payload did (a file shorter than a block, or a
+// filesystem that returned less than it had).
+func (p *Program) readByStep() bool {
+	if p.Canceled {
+		return p.decide(StatusFailed, p.pathError(StepRead, p.path[:], syscall.ECANCELED))
+	}
+	p.byStep = true
+	if p.fileOpen {
+		p.reopen = true
+		p.next(phaseClose)
+		return false
+	}
+	p.next(phaseMain)
+	return false
 }
 
 // stale handles an open or read that met ESTALE (or a read ENOENT): on a

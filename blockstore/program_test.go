@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -54,6 +55,8 @@ func (f *fakeFS) call(p *Program, s *Step) int32 {
 			f.tmp = append(f.tmp[:min(int64(len(f.tmp)), s.Off)], s.Buf[:r]...)
 		case r > 0 && s.Op == StepRead:
 			copy(s.Buf[:r], f.file[s.Off:])
+		case r > 0 && s.Op == StepReadv:
+			readVec(f.file[:min(int64(len(f.file)), s.Off+int64(r))], s)
 		}
 		return r
 	}
@@ -80,6 +83,8 @@ func (f *fakeFS) call(p *Program, s *Step) int32 {
 			return 0
 		}
 		return int32(copy(s.Buf, f.file[s.Off:]))
+	case StepReadv:
+		return int32(readVec(f.file, s))
 	case StepWrite:
 		end := s.Off + int64(len(s.Buf))
 		if int64(len(f.tmp)) < end {
@@ -99,6 +104,19 @@ func (f *fakeFS) call(p *Program, s *Step) int32 {
 		}
 	}
 	return 0
+}
+
+// readVec reads file from s.Off into s.Vec's buffers in turn, as preadv
+// does, and returns the bytes read.
+func readVec(file []byte, s *Step) int {
+	n := 0
+	for _, v := range s.Vec {
+		if s.Off+int64(n) >= int64(len(file)) {
+			break
+		}
+		n += copy(unsafe.Slice(v.Base, v.Len), file[s.Off+int64(n):])
+	}
+	return n
 }
 
 // run executes p against f until it is decided, and returns the phases'
@@ -390,6 +408,101 @@ func TestProgramLoad(t *testing.T) {
 		require.True(t, errors.As(p.Err, &pe))
 		assert.Equal(t, "read", pe.Op)
 		assert.ErrorIs(t, p.Err, syscall.EIO)
+	})
+}
+
+// TestProgramLoadVectored: with ScratchSize of header memory a load reads
+// header, payload and past the end with one READV, hard-linked to the
+// close; a READV that ends before the payload does loads again step by
+// step, so a short read, a truncated file and a FIFO are judged as before.
+func TestProgramLoadVectored(t *testing.T) {
+	key := testKey(9, 32)
+	payload := testPayload(key, 3*HeaderSize)
+	good := blockFile(key, payload)
+	byStep := []StepOp{StepOpen, StepRead, StepRead, StepRead, StepClose}
+	vectored := []StepOp{StepOpen, StepReadv, StepClose}
+	load := func(t *testing.T, f *fakeFS, format Format) (*Program, [][]StepOp) {
+		p := new(Program)
+		cfg := testConfig(DurabilityNone)
+		cfg.Format = format
+		n := len(payload)
+		require.NoError(t, p.Start(cfg, OpLoad, key, make([]byte, n), make([]byte, ScratchSize), false))
+		return p, f.run(t, p)
+	}
+	t.Run("whole", func(t *testing.T) {
+		p, phases := load(t, &fakeFS{file: good}, FormatFramed)
+		require.Equal(t, StatusLoaded, p.Status, "%v", p.Err)
+		assert.Equal(t, payload, p.buf)
+		assert.Equal(t, [][]StepOp{vectored}, phases)
+		assert.Equal(t, []Link{LinkOnSuccess, LinkAlways, LinkNone}, []Link{p.Steps[0].Link, p.Steps[1].Link, p.Steps[2].Link})
+		require.Len(t, p.Steps[1].Vec, 3)
+		assert.Equal(t, []uint64{HeaderSize, uint64(len(payload)), HeaderSize}, []uint64{p.Steps[1].Vec[0].Len, p.Steps[1].Vec[1].Len, p.Steps[1].Vec[2].Len})
+	})
+	t.Run("raw", func(t *testing.T) {
+		p, phases := load(t, &fakeFS{file: payload}, FormatRaw)
+		require.Equal(t, StatusLoaded, p.Status, "%v", p.Err)
+		assert.Equal(t, payload, p.buf)
+		assert.Equal(t, [][]StepOp{vectored}, phases)
+		assert.Len(t, p.Steps[1].Vec, 2, "payload and past the end: no header")
+	})
+	t.Run("appended", func(t *testing.T) {
+		p, phases := load(t, &fakeFS{file: append(append([]byte(nil), good...), 1, 2)}, FormatFramed)
+		require.Equal(t, StatusCorrupt, p.Status)
+		assert.Contains(t, p.Err.Error(), "file is 16386 bytes, header says 16384")
+		assert.Equal(t, [][]StepOp{vectored, {StepRename}}, phases, "judged from the one read, then quarantined")
+	})
+	t.Run("raw-appended", func(t *testing.T) {
+		p, _ := load(t, &fakeFS{file: append(append([]byte(nil), payload...), 1)}, FormatRaw)
+		require.Equal(t, StatusCorrupt, p.Status)
+		assert.Contains(t, p.Err.Error(), "file is 12289 bytes, the block size is 12288")
+	})
+	t.Run("short-read-by-step", func(t *testing.T) {
+		// The READV returns less than header and payload of a good file:
+		// the close ran (hard link), and the load reads again step by step.
+		p, phases := load(t, &fakeFS{file: good, fail: map[int]int32{1: HeaderSize + 5}}, FormatFramed)
+		require.Equal(t, StatusLoaded, p.Status, "%v", p.Err)
+		assert.Equal(t, payload, p.buf)
+		assert.Equal(t, [][]StepOp{vectored, byStep}, phases)
+	})
+	t.Run("truncated", func(t *testing.T) {
+		p, phases := load(t, &fakeFS{file: good[:HeaderSize+100]}, FormatFramed)
+		require.Equal(t, StatusCorrupt, p.Status)
+		assert.Contains(t, p.Err.Error(), "file is 4196 bytes, header says 16384")
+		assert.Equal(t, vectored, phases[0])
+		assert.Equal(t, byStep, phases[1])
+	})
+	t.Run("fifo", func(t *testing.T) {
+		p, phases := load(t, &fakeFS{file: []byte{}, mode: unix.S_IFIFO}, FormatFramed)
+		require.Equal(t, StatusCorrupt, p.Status, "%v", p.Err)
+		assert.Contains(t, p.Err.Error(), "not a regular file (fifo)")
+		assert.True(t, slices.ContainsFunc(phases, func(ph []StepOp) bool { return slices.Equal(ph, []StepOp{StepStatx}) }), "a STATX looked: %v", phases)
+	})
+	t.Run("stale-read-walks-again", func(t *testing.T) {
+		p, phases := load(t, &fakeFS{file: good, fail: map[int]int32{1: -int32(unix.ESTALE)}}, FormatFramed)
+		require.Equal(t, StatusLoaded, p.Status, "%v", p.Err)
+		assert.Equal(t, [][]StepOp{vectored, vectored}, phases, "the close ran: no close phase")
+	})
+	t.Run("read-error", func(t *testing.T) {
+		p, phases := load(t, &fakeFS{file: good, fail: map[int]int32{1: -int32(unix.EIO)}}, FormatFramed)
+		require.Equal(t, StatusFailed, p.Status)
+		var pe *fs.PathError
+		require.True(t, errors.As(p.Err, &pe))
+		assert.Equal(t, "read", pe.Op)
+		assert.ErrorIs(t, p.Err, syscall.EIO)
+		assert.Len(t, phases, 1)
+	})
+	t.Run("canceled", func(t *testing.T) {
+		p, _ := load(t, &fakeFS{file: good, fail: map[int]int32{1: -int32(unix.ECANCELED)}}, FormatFramed)
+		require.Equal(t, StatusFailed, p.Status)
+		assert.ErrorIs(t, p.Err, syscall.ECANCELED)
+	})
+	t.Run("bigger-than-one-read", func(t *testing.T) {
+		old := RWMax
+		RWMax = len(good) // header, payload and past the end do not fit
+		t.Cleanup(func() { RWMax = old })
+		p, phases := load(t, &fakeFS{file: good}, FormatFramed)
+		require.Equal(t, StatusLoaded, p.Status, "%v", p.Err)
+		assert.Equal(t, [][]StepOp{byStep}, phases)
 	})
 }
 

@@ -1,6 +1,7 @@
 package blockstore
 
 import (
+	"math/bits"
 	"syscall"
 	"unsafe"
 
@@ -84,6 +85,12 @@ func (p *Program) call1(dir int, s *Step) (uintptr, syscall.Errno) {
 	case StepRead:
 		n, err := unix.Pread(p.fd, s.Buf, s.Off)
 		return uintptr(n), errnoOf(err)
+	case StepReadv:
+		// The offset in two halves of a long, as preadv(2)'s raw call
+		// takes it (the high half is 0 on 64-bit systems).
+		lo, hi := uintptr(s.Off), uintptr(uint64(s.Off)>>(bits.UintSize/2)>>(bits.UintSize/2))
+		r, _, e := unix.Syscall6(unix.SYS_PREADV, uintptr(p.fd), uintptr(unsafe.Pointer(unsafe.SliceData(s.Vec))), uintptr(len(s.Vec)), lo, hi, 0)
+		return r, e
 	case StepWrite:
 		n, err := unix.Pwrite(p.fd, s.Buf, s.Off)
 		return uintptr(n), errnoOf(err)

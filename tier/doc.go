@@ -93,7 +93,8 @@
 // # Memory
 //
 // Each shard preallocates its operation slots (Options.OpsMax), their
-// paths, statx buffers and 4 KiB header buffers; in steady state submit and
+// paths, statx buffers and 8 KiB of header memory (a header, and room for
+// a load's read past the block's end); in steady state submit and
 // Poll allocate nothing per key. Options.Buffers asks for aligned buffers
 // registered with every ring (Tier.Buffers): the fastest path for loads,
 // with O_DIRECT where the filesystem allows it.

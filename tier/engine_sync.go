@@ -91,7 +91,7 @@ func (b *syncBackend) close() {
 func (b *syncBackend) worker() {
 	defer b.wg.Done()
 	p := make([]blockstore.Program, 1)
-	hdr := alignedBytes(blockstore.HeaderSize)
+	hdr := alignedBytes(blockstore.ScratchSize)
 	for i := range b.work {
 		o := &b.ops[i]
 		o.status, o.err = b.run(&p[0], o, hdr)

@@ -190,6 +190,18 @@ func TestOpenReadWriteCloseFsync(t *testing.T) {
 	assert.Equal(t, data, buf[:len(data)])
 	assert.Equal(t, int32(0), got[5].Res)
 
+	// A vectored read fills its buffers in turn; the last one past the
+	// file's end stays as it was.
+	v0, v1, v2 := make([]byte, 5), make([]byte, 4), []byte{9, 9}
+	iov := []unix.Iovec{{Base: &v0[0], Len: 5}, {Base: &v1[0], Len: 4}, {Base: &v2[0], Len: 2}}
+	s = getSQE(t, r)
+	s.PrepareReadv(fd, iov, 2)
+	s.UserData = 7
+	got = run(t, r, 1)
+	assert.Equal(t, int32(len(data)-2), got[7].Res)
+	assert.Equal(t, "llo, ring", string(v0)+string(v1))
+	assert.Equal(t, []byte{9, 9}, v2)
+
 	s = getSQE(t, r)
 	s.PrepareClose(fd)
 	s.UserData = 6
