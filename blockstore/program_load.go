@@ -128,18 +128,11 @@ func (p *Program) readByStep() bool {
 		return p.decide(StatusFailed, p.pathError(StepRead, p.path[:], syscall.ECANCELED))
 	}
 	p.byStep = true
-	if p.fileOpen {
-		p.reopen = true
-		p.next(phaseClose)
-		return false
-	}
-	p.next(phaseMain)
-	return false
+	return p.again()
 }
 
 // stale handles an open or read that met ESTALE (or a read ENOENT): on a
-// shared filesystem
-// another host replaced or removed the block since this host last walked
+// shared filesystem another host replaced or removed the block since this host last walked
 // its path. The load starts again from the open, once, with a fresh walk
 // (closing the stale file first); a second ESTALE reports the block
 // missing, which is what it is to this host, never a failure.
@@ -149,6 +142,12 @@ func (p *Program) stale() bool {
 	}
 	p.retried = true
 	p.hdrDone, p.payDone, p.eof, p.tail = 0, 0, false, 0
+	return p.again()
+}
+
+// again starts the load over from the open, closing its file first if a
+// broken chain left it open.
+func (p *Program) again() bool {
 	if p.fileOpen {
 		p.reopen = true
 		p.next(phaseClose)
