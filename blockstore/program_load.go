@@ -132,10 +132,11 @@ func (p *Program) readByStep() bool {
 }
 
 // stale handles an open or read that met ESTALE (or a read ENOENT): on a
-// shared filesystem another host replaced or removed the block since this host last walked
-// its path. The load starts again from the open, once, with a fresh walk
-// (closing the stale file first); a second ESTALE reports the block
-// missing, which is what it is to this host, never a failure.
+// shared filesystem another host replaced or removed the block since this
+// host last walked its path. The load starts again from the open, once,
+// with a fresh walk (closing the stale file first); a second ESTALE
+// reports the block missing, which is what it is to this host, never a
+// failure.
 func (p *Program) stale() bool {
 	if p.retried || p.Canceled {
 		return p.decide(StatusMissing, nil)
