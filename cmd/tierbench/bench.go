@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/uringtier/uringtier/blockstore"
 	"github.com/uringtier/uringtier/latency"
 	"github.com/uringtier/uringtier/tier"
 )
@@ -35,7 +36,15 @@ type limits struct {
 	// figures of the interval just ended.
 	interval   time.Duration
 	onInterval func(intervalSample)
+	// room, if not nil, says how many bytes a writing workload may still
+	// write; fewer than need (a batch's) end it early. It is asked again
+	// when the bytes submitted since have used that up, or roomEvery later
+	// (others write too).
+	room func(need int64) int64
 }
+
+// roomEvery is how often a writing workload asks limits.room at least.
+const roomEvery = 50 * time.Millisecond
 
 // streamShift splits a request ID: the bits from it up name the driver's
 // stream among the drivers sharing a tier (driveAll), the bits below it are
@@ -64,14 +73,16 @@ type driver struct {
 	slots  []inflight // one per batch in flight; slot s has request IDs ≡ s mod depth (below streamShift)
 	free   []int      // slots ready for a batch, the next one last
 
-	seq       uint64 // batches submitted: the next request ID is seq × depth + slot
-	submitted int64  // keys submitted
-	done      int64  // keys whose results were polled
-	inFlight  int    // batches submitted and not yet polled
-	firstErr  error  // the first key that failed
-	submitErr error  // why submitting stopped early: a failed submit, or no slot left
-	halted    bool   // driveAll's until said stop: submit no more
-	ended     bool   // nothing in flight and nothing more to submit: res is final
+	seq       uint64    // batches submitted: the next request ID is seq × depth + slot
+	submitted int64     // keys submitted
+	done      int64     // keys whose results were polled
+	inFlight  int       // batches submitted and not yet polled
+	firstErr  error     // the first key that failed
+	submitErr error     // why submitting stopped early: a failed submit, or no slot left
+	halted    bool      // driveAll's until said stop, or limits.room: submit no more
+	roomAt    time.Time // when limits.room was last asked
+	roomLeft  int64     // what it said, less the bytes submitted since
+	ended     bool      // nothing in flight and nothing more to submit: res is final
 
 	start      time.Time     // when the workload began
 	deadline   time.Time     // with lim.keys == 0, when submitting stops
@@ -239,11 +250,27 @@ func (d *driver) more(now time.Time) bool {
 	if d.halted || d.submitErr != nil || d.ctx.Err() != nil {
 		return false
 	}
+	if d.lim.room != nil {
+		batch := d.batchBytes()
+		if d.roomLeft < batch || now.Sub(d.roomAt) >= roomEvery {
+			d.roomAt, d.roomLeft = now, d.lim.room(batch)
+		}
+		if d.halted = d.roomLeft < batch; d.halted {
+			return false
+		}
+	}
 	if d.lim.keys > 0 {
 		return d.submitted < d.lim.keys
 	}
 	return now.Before(d.deadline)
 }
+
+// fileBytes is what one block takes on disk, at most: its payload and a
+// header.
+func (d *driver) fileBytes() int64 { return int64(d.res.BlockSize) + blockstore.HeaderSize }
+
+// batchBytes is what a batch of blocks takes on disk, at most.
+func (d *driver) batchBytes() int64 { return int64(d.w.batch) * d.fileBytes() }
 
 // submitFree submits a batch into each free slot while the limits allow
 // and the tier accepts.
@@ -291,6 +318,7 @@ func (d *driver) submitNext() bool {
 	d.seq++
 	d.inFlight++
 	d.submitted += int64(n)
+	d.roomLeft -= int64(n) * d.fileBytes()
 	return true
 }
 

@@ -82,6 +82,7 @@ type config struct {
 	// capacity of the tier the workloads open (0: unbounded)
 	capacity      sizeFlag
 	capacityShare float64
+	keepFree      float64       // store workloads stop once less than this share of the filesystem is free
 	evictMinAge   time.Duration // 0: the tier's default
 
 	// mixed
@@ -365,6 +366,9 @@ func (c *config) validateWorkload() error {
 	}
 	if c.capacity > math.MaxInt64 || c.capacityShare < 0 || c.capacityShare > 1 || c.capacity > 0 && c.capacityShare > 0 {
 		return usagef("--capacity %v, --capacity-share %g: want one of a size and a fraction from 0 to 1", &c.capacity, c.capacityShare)
+	}
+	if c.keepFree < 0 || c.keepFree >= 1 {
+		return usagef("--keep-free %g: want a fraction from 0 to below 1", c.keepFree)
 	}
 	if c.cacheTTL < 0 || c.lookupTimeout < 0 || c.ioTimeout < 0 || c.interval < 0 {
 		return usagef("--cache-ttl, --lookup-timeout, --io-timeout and --interval must not be negative")

@@ -4,11 +4,13 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"math"
 	"strings"
 
 	"github.com/dustin/go-humanize"
 
 	"github.com/uringtier/uringtier/tier"
+	"golang.org/x/sys/unix"
 )
 
 // workloadFlags registers the flags of run (withData: it also populates)
@@ -56,6 +58,7 @@ func workloadFlags(withData bool) func(*flag.FlagSet, *config) {
 		onCorruptFlag(fs, c)
 		fs.Var(&c.capacity, "capacity", "tier option Capacity: bound the namespace's block files to this size; the tier evicts the least recently used, and stores it cannot admit end full, not failed (0: no bound)")
 		fs.Float64Var(&c.capacityShare, "capacity-share", 0, "tier option CapacityShare: the bound as a fraction of the filesystem's size instead of --capacity")
+		fs.Float64Var(&c.keepFree, "keep-free", 0.05, "a store workload stops early once less than this fraction of the filesystem is free, so that a long or repeated run cannot fill the disk (0: never)")
 		fs.DurationVar(&c.evictMinAge, "evict-min-age", 0, "tier option EvictMinAge: blocks used more recently are never evicted (0: the tier's 10s; negative: none)")
 
 		fs.DurationVar(&c.interval, "interval", 0, "print a line every interval (keys/s, bytes/s, p50, p99, in flight); with --json, an object")
@@ -183,6 +186,9 @@ func (s *session) runEngine(ctx context.Context, kind tier.EngineKind, names []s
 			bufs = tr.Buffers()
 		}
 		lim := s.limits()
+		if name == "store" {
+			lim.room = s.room(name)
+		}
 		if iv := s.intervalEvery(); iv > 0 {
 			engine := info.Kind.String()
 			lim.interval = iv
@@ -201,6 +207,32 @@ func (s *session) runEngine(ctx context.Context, kind tier.EngineKind, names []s
 		s.emit(r)
 	}
 	return out, closeTier(tr)
+}
+
+// room returns limits.room for a writing workload with --keep-free: the
+// bytes free on the filesystem under the data set beyond that share of
+// it. The first time they fall short of what is needed, it says so on
+// stderr.
+func (s *session) room(name string) func(need int64) int64 {
+	keep := s.c.keepFree
+	if keep == 0 {
+		return nil
+	}
+	said := false
+	return func(need int64) int64 {
+		var st unix.Statfs_t
+		if err := unix.Statfs(s.root, &st); err != nil {
+			return math.MaxInt64 // not ours to judge: the stores will say what is wrong
+		}
+		free, size := int64(st.Bavail)*st.Bsize, int64(st.Blocks)*st.Bsize
+		left := free - int64(keep*float64(size))
+		if left < need && !said {
+			said = true
+			fmt.Fprintf(s.c.stderr, "tierbench: %s stopped early: %s free of %s on the filesystem of %s, under --keep-free %g\n",
+				name, humanize.IBytes(uint64(free)), humanize.IBytes(uint64(size)), s.root, keep)
+		}
+		return left
+	}
 }
 
 // newWorkload returns the named workload with its --batch: stores of new

@@ -1,0 +1,46 @@
+package main
+
+import (
+	"os"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// TestStoreKeepsFree: a store workload on a 64 MiB tmpfs with --keep-free
+// 0.5 stops early, without an error, once half the filesystem is in use;
+// with --keep-free 0 a few seconds of the same stores fill it.
+func TestStoreKeepsFree(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a tmpfs")
+	}
+	dir := t.TempDir()
+	require.NoError(t, unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64m"))
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	freeShare := func() float64 {
+		var st unix.Statfs_t
+		require.NoError(t, unix.Statfs(dir, &st))
+		return float64(st.Bavail) / float64(st.Blocks)
+	}
+	mustRun(t, "populate", "--dir", dir, "--blocks", "16", "--block-size", "64KiB")
+	store := []string{"store", "--dir", dir, "--engine", "sync", "--duration", "60s", "--batch", "1", "--depth", "1"}
+
+	code, stdout, stderr := tierbench(t, append(store, "--keep-free", "0.5")...)
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	assert.Contains(t, stderr, "store stopped early")
+	assert.Contains(t, stderr, "under --keep-free 0.5")
+	free := freeShare()
+	t.Logf("free after the stores: %.4f of the filesystem", free)
+	assert.InDelta(t, 0.5, free, 0.01, "stores ran until half the filesystem was used, within a batch or two")
+	assert.Greater(t, readManifestT(t, dir).Blocks, uint64(16+300), "the stores landed in the data set")
+
+	// Without a reserve, 800 more of the same stores (56 MiB) fill the
+	// filesystem (the rest end full: StatusFull, not errors).
+	store[5], store[6] = "--keys", "800"
+	code, stdout, stderr = tierbench(t, append(store, "--keep-free", "0")...)
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	assert.NotContains(t, stderr, "stopped early")
+	assert.Less(t, freeShare(), 0.02)
+}
