@@ -158,13 +158,18 @@ func (s *Step) Failed() bool {
 	case s.Op == StepRead || s.Op == StepWrite:
 		return int(s.Res) < len(s.Buf)
 	case s.Op == StepReadv:
-		n := uint64(0)
-		for _, v := range s.Vec {
-			n += v.Len
-		}
-		return uint64(s.Res) < n
+		return int64(s.Res) < s.VecLen()
 	}
 	return false
+}
+
+// VecLen is the bytes a vectored read asks for.
+func (s *Step) VecLen() int64 {
+	n := int64(0)
+	for _, v := range s.Vec {
+		n += int64(v.Len)
+	}
+	return n
 }
 
 // Status is a program's outcome.

@@ -22,23 +22,22 @@
 // per CPU), so that one shard holds what the tier knows of a key; the keys
 // of loads are dealt round the shards in turn, so that every ring gets an
 // even share of each batch (what a load learns goes to the key's shard).
-// Each shard has one
-// owner goroutine that alone issues its IO: with the io_uring engine on a
-// local filesystem it is an ordinary goroutine; on FUSE, NFS and unknown
-// filesystems, and with STATX lookups, it is locked to the OS thread that
-// created its ring (IORING_SETUP_SINGLE_ISSUER and DEFER_TASKRUN,
-// EngineInfo.OwnThreads). It sleeps on a channel when the kernel holds none
-// of its operations and otherwise on the ring's eventfd in Go's netpoller,
-// holding no P either way; callers hand it work through a mutex-guarded
-// inbox and wake it, never touching the ring. The sync engine's owner hands key
-// operations to a fixed pool of goroutines doing plain system calls. What
-// an operation does on disk is blockstore's Program, which both engines
-// execute (io_uring: one SQE per step); above the IO they share request
-// bookkeeping, lookup sharing (one kernel operation per key in flight,
-// whatever the number of requests asking), the lookup cache, deadlines and
-// the circuit breaker. So their semantics are the same by construction. An
-// engine that fails (a ring the kernel stops accepting) fails the tier with
-// ErrBroken, never the process.
+// Each shard has one owner goroutine that alone issues its IO: with the
+// io_uring engine on a local filesystem it is an ordinary goroutine; on
+// FUSE, NFS and unknown filesystems, and with STATX lookups, it is locked to
+// the OS thread that created its ring (IORING_SETUP_SINGLE_ISSUER and
+// DEFER_TASKRUN, EngineInfo.OwnThreads). It sleeps on a channel when the
+// kernel holds none of its operations and otherwise on the ring's eventfd in
+// Go's netpoller, holding no P either way; callers hand it work through a
+// mutex-guarded inbox and wake it, never touching the ring. The sync
+// engine's owner hands key operations to a fixed pool of goroutines doing
+// plain system calls. What an operation does on disk is blockstore's
+// Program, which both engines execute (io_uring: one SQE per step); above
+// the IO they share request bookkeeping, lookup sharing (one kernel
+// operation per key in flight, whatever the number of requests asking), the
+// lookup cache, deadlines and the circuit breaker. So their semantics are
+// the same by construction. An engine that fails (a ring the kernel stops
+// accepting) fails the tier with ErrBroken, never the process.
 //
 // # Deadlines and hung filesystems
 //

@@ -342,9 +342,7 @@ func (b *uringBackend) prepare(i int32) {
 		case blockstore.StepReadv:
 			s.PrepareReadv(int(slot), st.Vec, uint64(st.Off))
 			s.Flags |= uring.SQEFixedFile | b.rw
-			for _, v := range st.Vec {
-				b.queued += int(v.Len)
-			}
+			b.queued += int(st.VecLen())
 		case blockstore.StepFsync:
 			s.PrepareFsync(int(slot), st.Data)
 			s.Flags |= uring.SQEFixedFile

@@ -53,16 +53,17 @@ const EngineEnv = "URINGTIER_ENGINE"
 type LookupOp uint8
 
 // Lookup operations. Measured on 2 CPUs, ext4 on virtio, 16,384 paths half
-// present, 1,024-key batches, a ring per CPU, two interleaved runs
-// (BenchmarkLookup): O_PATH 0.51–0.53 M keys/s, STATX 0.32–0.37 M, mixed
-// (one ring) 0.30–0.36 M, a pool of 16 goroutines calling fstatat
-// 0.52–0.54 M; a round trip of 8 keys (BenchmarkLookupRoundTrip) took 23–26
-// µs by O_PATH and 87–98 µs by STATX on one ring.
+// present, 1,024-key batches, a ring per CPU, medians of four interleaved
+// runs (BenchmarkLookup): O_PATH 0.56 M keys/s, STATX 0.40 M (0.31 M on
+// one ring), mixed (one ring) 0.34 M, a pool of 16 goroutines calling
+// fstatat 0.61 M; a round trip of 8 keys (BenchmarkLookupRoundTrip) took
+// 23–26 µs by O_PATH and 87–98 µs by STATX on one ring (an earlier week).
 const (
 	// LookupOpenPath, the default, opens the file with O_PATH into a
-	// fixed-file slot and closes it in the same chain: the kernel answers
-	// it inline, in the owner's thread, when the path is in the dentry
-	// cache, and hands it to a kernel worker when it is not.
+	// fixed-file slot, where the next open replaces it (no CLOSE per
+	// lookup): the kernel answers it inline, in the owner's thread, when
+	// the path is in the dentry cache, and hands it to a kernel worker
+	// when it is not.
 	LookupOpenPath LookupOp = iota
 	// LookupStatx issues STATX, which always runs in a kernel worker.
 	LookupStatx

@@ -13,11 +13,12 @@ import (
 // mount's atime policy: a tier that finds, loads or re-offers a block sets
 // the block file's access time to now (utimensat; explicit times are
 // recorded on noatime mounts too), at most once per block per
-// TouchInterval and ring (loads of a block may run on any ring). An evictor orders blocks by max(atime, mtime) and, before
-// it removes one, reads its times again: a block another process used
-// since the evictor's scan is kept. So a block written by host A and read
-// only by host B is ordered by the later of A's write and B's last touch,
-// which is at most TouchInterval older than B's last read.
+// TouchInterval and ring (loads of a block may run on any ring). An
+// evictor orders blocks by max(atime, mtime) and, before it removes one,
+// reads its times again: a block another process used since the
+// evictor's scan is kept. So a block written by host A and read only by
+// host B is ordered by the later of A's write and B's last touch, which is
+// at most TouchInterval older than B's last read.
 //
 // Owners decide what to touch (a map per shard, no lock); one goroutine
 // issues the system calls, so that a hung filesystem blocks it alone. When

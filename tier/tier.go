@@ -258,8 +258,8 @@ func (t *Tier) startEngine() error {
 		if r.err != nil && first == nil {
 			first = r.err
 		}
-		if r.err == nil && r.shard == 0 {
-			info = r.info // taken in after every owner has read t.engine
+		if r.err == nil {
+			info = r.info // the same from every owner; taken in after all have read t.engine
 		}
 	}
 	if first != nil {
@@ -301,9 +301,8 @@ func chooseEngine(dir string, opts Options) (EngineInfo, error) {
 // startedShard is what a shard's owner says once its backend is set up:
 // the engine as that backend found it, or why it could not start.
 type startedShard struct {
-	shard int
-	info  EngineInfo
-	err   error
+	info EngineInfo
+	err  error
 }
 
 // run is a shard's owner goroutine, with either engine: it sets up the
@@ -317,11 +316,11 @@ func (s *shard) run(started chan<- startedShard) {
 	be, info, err := newBackend(s.t, s)
 	if err != nil {
 		close(s.exited)
-		started <- startedShard{shard: s.idx, err: err}
+		started <- startedShard{err: err}
 		return
 	}
 	s.be = be
-	started <- startedShard{shard: s.idx, info: info}
+	started <- startedShard{info: info}
 	s.loop()
 }
 
