@@ -211,7 +211,10 @@ func (s *session) runEngine(ctx context.Context, kind tier.EngineKind, names []s
 
 // room returns limits.room for a writing workload with --keep-free: the
 // bytes free on the filesystem under the data set beyond that share of
-// it. The first time they fall short of what is needed, it says so on
+// it. The filesystem's size is what df counts, used plus available: space
+// reserved for root or held back from this user is neither (a host whose
+// disk keeps a large reserve would otherwise look full from the start).
+// The first time the room falls short of what is needed, it says so on
 // stderr.
 func (s *session) room(name string) func(need int64) int64 {
 	keep := s.c.keepFree
@@ -224,7 +227,7 @@ func (s *session) room(name string) func(need int64) int64 {
 		if err := unix.Statfs(s.root, &st); err != nil {
 			return math.MaxInt64 // not ours to judge: the stores will say what is wrong
 		}
-		free, size := int64(st.Bavail)*st.Bsize, int64(st.Blocks)*st.Bsize
+		free, size := int64(st.Bavail)*st.Bsize, int64(st.Blocks-st.Bfree+st.Bavail)*st.Bsize
 		left := free - int64(keep*float64(size))
 		if left < need && !said {
 			said = true
