@@ -8,6 +8,7 @@ import (
 	"math/bits"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -495,7 +496,15 @@ func (t *Tier) submitTo(id uint64, op Op, prefixOnly bool, keys [][]byte, bufs [
 	defer t.calls.Done()
 
 	r.id, r.op, r.prefixOnly = id, op, prefixOnly
-	r.keyData, r.keyEnd, r.hashes = r.keyData[:0], r.keyEnd[:0], r.hashes[:0]
+	// Grown once to size, not by appends: a slot's first request touches
+	// fresh memory, and each page's first touch is a fault (on a VM, tens
+	// of µs) in the caller's call.
+	size := 0
+	for _, k := range keys {
+		size += len(k)
+	}
+	r.keyData = slices.Grow(r.keyData[:0], size)
+	r.keyEnd, r.hashes = slices.Grow(r.keyEnd[:0], len(keys)), slices.Grow(r.hashes[:0], len(keys))
 	for _, k := range keys {
 		r.keyData = append(r.keyData, k...)
 		r.keyEnd = append(r.keyEnd, int32(len(r.keyData)))
