@@ -23,6 +23,7 @@ const (
 	defaultBlocks      = 4096
 	defaultBlockSize   = 64 << 10
 	defaultDuration    = 2 * time.Second
+	defaultWarmup      = 200 * time.Millisecond
 	defaultDepth       = 4
 	defaultHitRatio    = 0.9
 	defaultLookupBatch = 1024
@@ -71,6 +72,7 @@ type config struct {
 	keys      int64
 	direct    bool
 	cold      bool
+	warmup    time.Duration // each workload runs this long before it is measured
 	latency   time.Duration
 	keep      bool
 	olderThan time.Duration
@@ -370,8 +372,8 @@ func (c *config) validateWorkload() error {
 	if c.keepFree < 0 || c.keepFree >= 1 {
 		return usagef("--keep-free %g: want a fraction from 0 to below 1", c.keepFree)
 	}
-	if c.cacheTTL < 0 || c.lookupTimeout < 0 || c.ioTimeout < 0 || c.interval < 0 {
-		return usagef("--cache-ttl, --lookup-timeout, --io-timeout and --interval must not be negative")
+	if c.cacheTTL < 0 || c.lookupTimeout < 0 || c.ioTimeout < 0 || c.interval < 0 || c.warmup < 0 {
+		return usagef("--cache-ttl, --lookup-timeout, --io-timeout, --interval and --warmup must not be negative")
 	}
 	if c.interval > 0 && c.interval < 10*time.Millisecond {
 		return usagef("--interval %v: want 10ms or more", c.interval)

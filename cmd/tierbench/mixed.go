@@ -27,6 +27,7 @@ import (
 // Phases of mixed.
 const (
 	phaseBaseline = "baseline" // the mix without its stores
+	phaseWarmup   = "warm-up"  // the readers before the baseline, unmeasured
 	phaseMixed    = "mixed"    // the whole mix
 )
 
@@ -146,6 +147,9 @@ func (s *session) runMixed(ctx context.Context, kind tier.EngineKind) ([]*result
 	var out []*result
 	var ev evictions
 	var next uint64 // the next driver's stream
+	if warm := s.warmup(); warm > 0 {
+		s.runPhase(ctx, tr, phaseWarmup, streams, &next, limits{duration: warm}) // unmeasured
+	}
 	for _, phase := range phases {
 		if ctx.Err() != nil {
 			break
@@ -153,7 +157,7 @@ func (s *session) runMixed(ctx context.Context, kind tier.EngineKind) ([]*result
 		if s.c.cold {
 			s.dropCaches()
 		}
-		rs := s.runPhase(ctx, tr, phase, streams, &next)
+		rs := s.runPhase(ctx, tr, phase, streams, &next, s.limits())
 		// The phase's evictions go to its store row, or its first.
 		for i, r := range rs {
 			if r.Workload == "store" || i == len(rs)-1 {
@@ -186,14 +190,15 @@ func (s *session) mixStreams(names []string, bufs [][]byte) []mixStream {
 	return out
 }
 
-// runPhase runs the phase's streams at once (the baseline leaves the
-// stores out) and returns a row per workload. The phase ends when either
-// side is done: when the readers have run --duration (or --keys each), the
-// stores stop; when the stores have written --store-bytes, the readers
-// stop. So every batch of the mixed phase ran alongside stores. Stream IDs
-// are taken from *next, so that they differ on the tier for its lifetime
-// and a late OpRelease of a batch of an earlier phase names no stream.
-func (s *session) runPhase(ctx context.Context, tr *tier.Tier, phase string, streams []mixStream, next *uint64) []*result {
+// runPhase runs the phase's streams at once (the baseline and the warm-up
+// leave the stores out), the readers within readLim, and returns a row per
+// workload. The phase ends when either side is done: when the readers
+// have run --duration (or --keys each), the stores stop; when the stores
+// have written --store-bytes, the readers stop. So every batch of the
+// mixed phase ran alongside stores. Stream IDs are taken from *next, so
+// that they differ on the tier for its lifetime and a late OpRelease of a
+// batch of an earlier phase names no stream.
+func (s *session) runPhase(ctx context.Context, tr *tier.Tier, phase string, streams []mixStream, next *uint64, readLim limits) []*result {
 	info := tr.Engine()
 	engine := info.Kind.String()
 	stores := 0
@@ -205,14 +210,14 @@ func (s *session) runPhase(ctx context.Context, tr *tier.Tier, phase string, str
 	var ds, readers, writers []*driver
 	var of []mixStream // the stream of ds[i]
 	for _, st := range streams {
-		lim := s.limits()
+		lim := readLim
 		if st.w.op == tier.OpStore {
-			if phase == phaseBaseline {
+			if phase != phaseMixed {
 				continue
 			}
 			lim = s.storeLimits(tr.BlockSize(), stores, st.index)
 		}
-		if iv := s.intervalEvery(); iv > 0 {
+		if iv := s.intervalEvery(); iv > 0 && phase != phaseWarmup {
 			lim.interval = iv
 			index := st.index
 			lim.onInterval = func(smp intervalSample) {

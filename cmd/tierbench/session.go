@@ -96,7 +96,20 @@ func (s *session) limitText() string {
 	if s.c.keys > 0 {
 		return fmt.Sprintf("%s keys per workload", humanize.Comma(s.c.keys))
 	}
+	if warm := s.warmup(); warm > 0 {
+		return fmt.Sprintf("%v per workload after %v of warm-up", s.c.duration, warm)
+	}
 	return fmt.Sprintf("%v per workload", s.c.duration)
+}
+
+// warmup returns how long each workload runs, unmeasured, before it is
+// measured: --warmup, unless the workload runs for --keys (an exact count)
+// or --cold (a warm-up would fill the caches it dropped).
+func (s *session) warmup() time.Duration {
+	if s.c.keys > 0 || s.c.cold {
+		return 0
+	}
+	return s.c.warmup
 }
 
 // intervalEvery returns how often a workload reports an interval: --interval,

@@ -38,6 +38,7 @@ func workloadFlags(withData bool) func(*flag.FlagSet, *config) {
 		fs.Int64Var(&c.keys, "keys", 0, "run each workload for this many keys instead of --duration")
 		fs.BoolVar(&c.direct, "direct", true, "load and store with O_DIRECT where the filesystem allows (both engines); --direct=false goes through the page cache")
 		fs.BoolVar(&c.cold, "cold", false, "drop the page and dentry caches before each workload (root only)")
+		fs.DurationVar(&c.warmup, "warmup", defaultWarmup, "run each workload this long before measuring it, with --duration and without --cold (a fresh tier's first calls touch fresh memory: page faults; 0: none)")
 		fs.DurationVar(&c.latency, "latency", 0, "serve --dir through a FUSE pass-through adding this latency to every operation (root and /dev/fuse)")
 
 		fs.StringVar(&c.dist, "dist", "uniform", "key distribution: uniform (each key in turn), zipf (--zipf-s), hot (--hot-keys, --hot-share)")
@@ -178,9 +179,6 @@ func (s *session) runEngine(ctx context.Context, kind tier.EngineKind, names []s
 		if s.c.cold {
 			s.dropCaches()
 		}
-		if err := s.barrier(info.Kind.String(), name); err != nil {
-			return out, err
-		}
 		var bufs [][]byte
 		if op != tier.OpLookup {
 			bufs = tr.Buffers()
@@ -188,6 +186,12 @@ func (s *session) runEngine(ctx context.Context, kind tier.EngineKind, names []s
 		lim := s.limits()
 		if name == "store" {
 			lim.room = s.room(name)
+		}
+		if warm := s.warmup(); warm > 0 {
+			drive(ctx, tr, w, depth, bufs, limits{duration: warm, room: lim.room})
+		}
+		if err := s.barrier(info.Kind.String(), name); err != nil {
+			return out, err
 		}
 		if iv := s.intervalEvery(); iv > 0 {
 			engine := info.Kind.String()
