@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -145,7 +146,7 @@ func TestProbedSlotsEmptied(t *testing.T) {
 func TestLoadsSpreadOverRings(t *testing.T) {
 	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.Rings = 2 })
 	var idx []int
-	for i := 0; len(idx) < 16; i++ {
+	for i := 0; len(idx) < 2*loadRun; i++ {
 		if maphash.Bytes(tr.seed, testKey(i))%2 == 0 {
 			idx = append(idx, i)
 		}
@@ -161,7 +162,23 @@ func TestLoadsSpreadOverRings(t *testing.T) {
 	res := await(t, tr, 1)[1]
 	assert.Equal(t, len(idx), res.Prefix, "every block loaded: %v", statuses(res))
 	after := tr.Stats().RingOps
-	assert.Equal(t, []uint64{before[0] + 8, before[1] + 8}, after, "ops per ring")
+	assert.Equal(t, []uint64{before[0] + loadRun, before[1] + loadRun}, after, "a batch's runs go to every ring")
+
+	// Small batches go whole, each to the ring after the last one's.
+	var rings []int
+	for req := uint64(3); req < 7; req++ {
+		require.NoError(t, tr.Load(req, testKeys(idx[:2]...), bufs[:2]))
+		require.Equal(t, 2, await(t, tr, req)[req].Prefix)
+		now := tr.Stats().RingOps
+		for ring := range now {
+			if now[ring] != after[ring] {
+				assert.Equal(t, after[ring]+2, now[ring], "a load of 2 keys on one ring")
+				rings = append(rings, ring)
+			}
+		}
+		after = now
+	}
+	assert.True(t, slices.Equal(rings, []int{0, 1, 0, 1}) || slices.Equal(rings, []int{1, 0, 1, 0}), "rings in turn: %v", rings)
 
 	require.NoError(t, tr.Lookup(2, testKeys(idx...)))
 	assert.Equal(t, len(idx), await(t, tr, 2)[2].Prefix)
@@ -180,10 +197,12 @@ func TestLoadLearnedBeforeInvalidate(t *testing.T) {
 		}
 	}
 	put(t, tr, idx...)
-	bufs := [][]byte{make([]byte, testBlockSize), make([]byte, testBlockSize)}
+	buf := make([]byte, testBlockSize)
 	before := tr.Stats().RingOps
-	require.NoError(t, tr.Load(1, testKeys(idx...), bufs))
-	require.Equal(t, 2, await(t, tr, 1)[1].Prefix)
+	for k, i := range idx { // loads go to the rings in turn: one of these goes to ring 1
+		require.NoError(t, tr.Load(uint64(10+k), testKeys(i), [][]byte{buf}))
+		require.Equal(t, 1, await(t, tr, uint64(10+k))[uint64(10+k)].Prefix)
+	}
 	require.Equal(t, before[1]+1, tr.Stats().RingOps[1], "one key was loaded on ring 1")
 	for _, i := range idx {
 		require.NoError(t, tr.BlockStore().Delete(tr.Namespace(), testKey(i)))

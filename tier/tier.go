@@ -51,7 +51,7 @@ type Tier struct {
 	stats      statsCounters         // atomic; see stats.go
 	cap        capacity              // atomic; see capacity.go
 	cacheEpoch atomic.Uint64         // bumped to empty every shard's lookup cache
-	spread     atomic.Uint64         // loads dealt so far: where the next load's keys start (request.shardOf)
+	spread     atomic.Uint64         // loads submitted so far: the shard the next load's keys start on (request.shardOf)
 	draining   atomic.Int32          // Close, and owners still waiting for the kernel after it: the last frees the buffers
 	broken     atomic.Pointer[error] // set once when an engine fails (ErrBroken): submits return it
 
@@ -103,7 +103,7 @@ type request struct {
 	keyData    []byte   // the keys, copied and concatenated
 	keyEnd     []int32  // key i is keyData[keyEnd[i-1]:keyEnd[i]]
 	hashes     []uint64 // key hashes; a key's shard is hash % len(shards), but for loads (shardOf)
-	spread     uint64   // loads: key i goes to shard (spread + i) % len(shards)
+	spread     uint64   // loads: key i goes to shard (spread + i/loadRun) % len(shards)
 	bufs       [][]byte // caller buffers for loads and stores
 	res        []KeyResult
 	cursor     []int32 // per shard: next key index that shard has not looked at
@@ -142,10 +142,21 @@ func (r *request) n() int { return len(r.keyEnd) }
 // page-cache loads then keep every CPU busy).
 func (r *request) shardOf(i int, n int) int {
 	if r.op == OpLoad {
-		return int((r.spread + uint64(i)) % uint64(n))
+		return int((r.spread + uint64(i/loadRun)) % uint64(n))
 	}
 	return int(r.hashes[i] % uint64(n))
 }
+
+// loadRun is how many keys of a load go to one shard before the next
+// takes over. Each load starts on the shard after the last one's, so
+// batches of up to loadRun keys go to the rings in turn, whole: a Load call
+// wakes one owner, not every one (the caller's call is cheaper, and it is
+// preempted less by the threads it wakes), and larger batches still spread
+// over every ring. 64 KiB loads from the page cache, batches of 16, a ring
+// per CPU: 96-134 k keys/s (median 122 k) against 94-100 k (98 k) with the
+// keys of each batch dealt round the rings one by one; O_DIRECT: caller
+// p99.9 141-307 µs (166) against 240-664 µs (307).
+const loadRun = 16
 
 func (r *request) key(i int) []byte {
 	start := int32(0)
@@ -531,7 +542,7 @@ func (t *Tier) submitTo(id uint64, op Op, prefixOnly bool, keys [][]byte, bufs [
 	// like a key, until it has let go of r: so r is published, and its
 	// slot reused, only once no shard can still be looking at it.
 	if op == OpLoad {
-		r.spread = t.spread.Add(uint64(len(keys)))
+		r.spread = t.spread.Add(1)
 	}
 	var mask uint64
 	for i := range r.hashes {
