@@ -63,7 +63,13 @@ func openTier(t testing.TB, kind EngineKind, dir string, mod func(*Options)) *Ti
 		// t.TempDir is on ext4 or tmpfs on every machine we test on.
 		require.True(t, tr.Engine().Inline, "filesystem %s", tr.Engine().FS)
 	}
-	t.Cleanup(func() { tr.Close(context.Background()) })
+	t.Cleanup(func() {
+		tr.Close(context.Background())
+		for _, s := range tr.shards {
+			// Every load key dealt to a shard was answered, once.
+			assert.Zero(t, s.loadKeys.Load(), "shard %d: load keys dealt and not answered", s.idx)
+		}
+	})
 	return tr
 }
 

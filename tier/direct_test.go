@@ -180,6 +180,17 @@ func TestLoadsSpreadOverRings(t *testing.T) {
 	}
 	assert.True(t, slices.Equal(rings, []int{0, 1, 0, 1}) || slices.Equal(rings, []int{1, 0, 1, 0}), "rings in turn: %v", rings)
 
+	// A ring with load keys unanswered gets none until the other has as many.
+	tr.shards[0].loadKeys.Add(100) // as if a backlog waited there
+	for req := uint64(7); req < 11; req++ {
+		require.NoError(t, tr.Load(req, testKeys(idx[:2]...), bufs[:2]))
+		require.Equal(t, 2, await(t, tr, req)[req].Prefix)
+	}
+	tr.shards[0].loadKeys.Add(-100)
+	now := tr.Stats().RingOps
+	assert.Equal(t, []uint64{after[0], after[1] + 8}, now, "every load to the ring without the backlog")
+	after = now
+
 	require.NoError(t, tr.Lookup(2, testKeys(idx...)))
 	assert.Equal(t, len(idx), await(t, tr, 2)[2].Prefix)
 	assert.Equal(t, after[1], tr.Stats().RingOps[1], "lookups go to the ring of their hash")

@@ -19,9 +19,9 @@
 // # Threading
 //
 // Keys of lookups, stores and deletes are spread by hash over shards (a ring
-// per CPU), so that one shard holds what the tier knows of a key; loads go
-// to the shards in turn, each load's keys in runs of 16 (loadRun), so that
-// the rings get even shares (what a load learns goes to the key's shard).
+// per CPU), so that one shard holds what the tier knows of a key; a load's
+// keys go in runs of 16 (loadRun) to the shards with the fewest load keys
+// unanswered (what a load learns goes to the key's shard).
 // Each shard has one owner goroutine that alone issues its IO: with the
 // io_uring engine on a local filesystem it is an ordinary goroutine; on
 // FUSE, NFS and unknown filesystems, and with STATX lookups, it is locked to

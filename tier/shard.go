@@ -142,6 +142,7 @@ type shard struct {
 	hits        cacheHits        // keys of the request being started answered from the cache
 	touched     map[uint64]int64 // key hash -> when this shard last reported the block used (recency.go)
 
+	loadKeys atomic.Int64  // keys of loads dealt to this shard and not yet answered (Tier.dealLoad)
 	inFlight atomic.Int64  // ops in the backend, for Stats
 	started  atomic.Uint64 // ops started, for Stats
 	queued   atomic.Int64  // requests waiting for op slots, for Stats
