@@ -164,7 +164,8 @@ func TestLoadsSpreadOverRings(t *testing.T) {
 	after := tr.Stats().RingOps
 	assert.Equal(t, []uint64{before[0] + loadRun, before[1] + loadRun}, after, "a batch's runs go to every ring")
 
-	// Small batches go whole, each to the ring after the last one's.
+	// Small batches go whole to one ring; with both idle, the rings take
+	// them in turn.
 	var rings []int
 	for req := uint64(3); req < 7; req++ {
 		require.NoError(t, tr.Load(req, testKeys(idx[:2]...), bufs[:2]))
@@ -210,7 +211,7 @@ func TestLoadLearnedBeforeInvalidate(t *testing.T) {
 	put(t, tr, idx...)
 	buf := make([]byte, testBlockSize)
 	before := tr.Stats().RingOps
-	for k, i := range idx { // loads go to the rings in turn: one of these goes to ring 1
+	for k, i := range idx { // with both rings idle they take loads in turn: one of these goes to ring 1
 		require.NoError(t, tr.Load(uint64(10+k), testKeys(i), [][]byte{buf}))
 		require.Equal(t, 1, await(t, tr, uint64(10+k))[uint64(10+k)].Prefix)
 	}

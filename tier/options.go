@@ -165,9 +165,9 @@ type Options struct {
 	// a cache: a block torn by a power loss fails its checksum).
 	Durability blockstore.Durability
 	// Rings is the number of io_uring instances, each with its own owner
-	// goroutine; keys are spread over them (by hash; loads to the least busy), so
-	// that one request's keys use every CPU; at most 64. Default:
-	// GOMAXPROCS, at most 8.
+	// goroutine; keys are spread over them (by hash; loads to the least
+	// busy), so that one request's keys use every CPU; at most 64.
+	// Default: GOMAXPROCS, at most 8.
 	// Owners of local filesystems are ordinary goroutines, so that waking
 	// one is cheap whatever the count: measured on 2 CPUs, ext4, medians
 	// of 5 runs (BenchmarkLookupRoundTrip: one request of 8 warm keys,
