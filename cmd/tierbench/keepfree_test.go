@@ -44,3 +44,12 @@ func TestStoreKeepsFree(t *testing.T) {
 	assert.NotContains(t, stderr, "stopped early")
 	assert.Less(t, freeShare(), 0.02)
 }
+
+// TestDFSpace: a filesystem whose reserve is a third of its blocks (as on
+// our machines) is as full as df says, not fuller.
+func TestDFSpace(t *testing.T) {
+	st := unix.Statfs_t{Bsize: 4096, Blocks: 900, Bfree: 600, Bavail: 300} // 300 used, 300 reserved
+	free, size := dfSpace(&st)
+	assert.Equal(t, int64(300*4096), free)
+	assert.Equal(t, int64(600*4096), size, "used plus available")
+}

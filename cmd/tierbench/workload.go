@@ -215,11 +215,8 @@ func (s *session) runEngine(ctx context.Context, kind tier.EngineKind, names []s
 
 // room returns limits.room for a writing workload with --keep-free: the
 // bytes free on the filesystem under the data set beyond that share of
-// it. The filesystem's size is what df counts, used plus available: space
-// reserved for root or held back from this user is neither (a host whose
-// disk keeps a large reserve would otherwise look full from the start).
-// The first time the room falls short of what is needed, it says so on
-// stderr.
+// it (dfSpace). The first time the room falls short of what is needed, it
+// says so on stderr.
 func (s *session) room(name string) func(need int64) int64 {
 	keep := s.c.keepFree
 	if keep == 0 {
@@ -231,7 +228,7 @@ func (s *session) room(name string) func(need int64) int64 {
 		if err := unix.Statfs(s.root, &st); err != nil {
 			return math.MaxInt64 // not ours to judge: the stores will say what is wrong
 		}
-		free, size := int64(st.Bavail)*st.Bsize, int64(st.Blocks-st.Bfree+st.Bavail)*st.Bsize
+		free, size := dfSpace(&st)
 		left := free - int64(keep*float64(size))
 		if left < need && !said {
 			said = true
@@ -240,6 +237,14 @@ func (s *session) room(name string) func(need int64) int64 {
 		}
 		return left
 	}
+}
+
+// dfSpace returns a filesystem's free bytes and its size as df counts it,
+// used plus available: space reserved for root or held back from this
+// user is neither (a host whose disk keeps a large reserve would otherwise
+// look full from the start).
+func dfSpace(st *unix.Statfs_t) (free, size int64) {
+	return int64(st.Bavail) * st.Bsize, int64(st.Blocks-st.Bfree+st.Bavail) * st.Bsize
 }
 
 // newWorkload returns the named workload with its --batch: stores of new
