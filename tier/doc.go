@@ -29,7 +29,8 @@
 // DEFER_TASKRUN, EngineInfo.OwnThreads). It sleeps on a channel when the
 // kernel holds none of its operations and otherwise on the ring's eventfd in
 // Go's netpoller, holding no P either way; callers hand it work through a
-// mutex-guarded inbox and wake it, never touching the ring. The sync
+// mutex-guarded inbox and wake it (a store or delete only when no completion
+// is due to, shard.enqueue), never touching the ring. The sync
 // engine's owner hands key operations to a fixed pool of goroutines doing
 // plain system calls. What an operation does on disk is blockstore's
 // Program, which both engines execute (io_uring: one SQE per step); above
