@@ -474,7 +474,7 @@ func (p *Program) lay() {
 	case p.Op == OpDelete:
 		p.add(StepUnlink, roleDelete, LinkNone).Path = &p.path[0]
 	case p.Op == OpStore && p.phase == phaseExists:
-		p.add(StepStatx, roleExists, LinkNone).Path = &p.path[0]
+		p.layExists()
 	case p.Op == OpStore && p.phase == phaseMain:
 		p.layStore()
 	case p.Op == OpStore && p.phase == phaseResume:

@@ -58,6 +58,26 @@ func (p *Program) layStore() {
 	p.layStoreRest()
 }
 
+// layExists lays out a raw store's look for its block: a STATX of the
+// block's path, after, in a directory not known yet, an open of the
+// directory that follows no link. STATX follows links on the way, and a
+// link planted in place of a directory would have the store find another
+// tree's file there and skip its write.
+func (p *Program) layExists() {
+	dir := p.cfg.Layout.AppendDir(p.dirs[:0], p.KeyBytes())
+	if len(dir) > 0 && !p.cfg.Dirs.Known(dir) {
+		if len(dir) >= len(p.dirs) {
+			panic("blockstore: block path longer than PathMax") // Start checked the block's path
+		}
+		dir = append(dir, 0)
+		p.DirHow = unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY, Resolve: ResolveBeneath}
+		s := p.add(StepOpen, roleDirCheck, LinkOnSuccess)
+		s.Path, s.How = &dir[0], &p.DirHow
+		p.add(StepClose, roleClose, LinkOnSuccess)
+	}
+	p.add(StepStatx, roleExists, LinkNone).Path = &p.path[0]
+}
+
 // layStoreRest writes what is left of the header and the payload (at most
 // ChunksMax payload writes in a phase), then syncs, closes and publishes.
 func (p *Program) layStoreRest() {
@@ -217,7 +237,18 @@ func (p *Program) judgeStore() bool {
 // symlink) is replaced by the new block's rename, and a missing directory
 // is made by the store.
 func (p *Program) judgeExists() bool {
-	s := &p.Steps[0]
+	if p.N > 1 { // the directory's open came first
+		if p.Steps[0].Res < 0 && !p.Canceled {
+			// Missing, or a link or file in place of a level: the store's
+			// own directory steps make it or say why not.
+			p.next(phaseMain)
+			return false
+		}
+		if p.Steps[0].Res >= 0 {
+			p.cfg.Dirs.Remember(p.cfg.Layout.AppendDir(p.dirs[:0], p.KeyBytes()))
+		}
+	}
+	s := &p.Steps[p.N-1]
 	switch r := s.Res; {
 	case r >= 0 && p.Stx.Mode&unix.S_IFMT == unix.S_IFREG && int64(p.Stx.Size) == int64(len(p.buf)):
 		return p.decide(StatusPresent, nil)

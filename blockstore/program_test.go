@@ -39,6 +39,10 @@ type fakeFS struct {
 	noMkdir bool   // a MKDIR failed: creating the temporary file fails with ENOENT
 	mode    uint16 // what STATX finds at the block's path, if not a regular file
 	onFail  func() // called when a step of fail is answered
+	// noDirs: directories are missing until a MKDIR makes them; dirLink:
+	// a link stands in place of a directory (MKDIR finds it, an open that
+	// follows no link fails with ELOOP).
+	noDirs, dirLink bool
 }
 
 func (f *fakeFS) call(p *Program, s *Step) int32 {
@@ -69,7 +73,18 @@ func (f *fakeFS) call(p *Program, s *Step) int32 {
 		if f.mode != 0 {
 			p.Stx.Mode = f.mode
 		}
+	case StepMkdir:
+		if f.dirLink {
+			return -int32(unix.EEXIST)
+		}
+		f.noDirs = false
 	case StepOpen:
+		switch {
+		case s.How.Flags&unix.O_DIRECTORY != 0 && f.dirLink:
+			return -int32(unix.ELOOP)
+		case s.How.Flags&unix.O_DIRECTORY != 0 && f.noDirs:
+			return -int32(unix.ENOENT)
+		}
 		if s.How.Flags&unix.O_CREAT != 0 && f.noMkdir {
 			return -int32(unix.ENOENT)
 		}

@@ -124,13 +124,36 @@ func TestProgramRawStore(t *testing.T) {
 		return p, f.run(t, p)
 	}
 	t.Run("new", func(t *testing.T) {
-		f := &fakeFS{}
+		f := &fakeFS{noDirs: true}
 		p, phases := store(t, f, false)
 		require.Equal(t, StatusStored, p.Status, "%v", p.Err)
 		assert.Equal(t, payload, f.file, "the file is the payload and nothing else")
-		assert.Equal(t, [][]StepOp{{StepStatx},
+		assert.Equal(t, [][]StepOp{{StepOpen, StepClose, StepStatx},
 			{StepMkdir, StepOpen, StepClose, StepMkdir, StepOpen, StepClose, StepOpen, StepWrite, StepClose, StepRename}}, phases)
 		assert.Equal(t, uint64(unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_TRUNC), p.How.Flags, "vLLM's temporary file flags")
+	})
+	t.Run("known directory", func(t *testing.T) {
+		f := &fakeFS{}
+		cfg := rawConfig(CorruptDefault)
+		p := new(Program)
+		require.NoError(t, p.Start(cfg, OpStore, key, payload, make([]byte, HeaderSize), false))
+		assert.Equal(t, [][]StepOp{{StepOpen, StepClose, StepStatx}, {StepOpen, StepWrite, StepClose, StepRename}}, f.run(t, p),
+			"the directory's open makes it known: the store makes no directory")
+		f.file = nil
+		require.NoError(t, p.Start(cfg, OpStore, key, payload, make([]byte, HeaderSize), false))
+		assert.Equal(t, [][]StepOp{{StepStatx}, {StepOpen, StepWrite, StepClose, StepRename}}, f.run(t, p),
+			"a known directory is not opened again")
+	})
+	t.Run("link in place of a directory", func(t *testing.T) {
+		// Another tree's file of the right size behind the link: the store
+		// must not take it for its block.
+		f := &fakeFS{file: slices.Clone(payload), dirLink: true}
+		p, phases := store(t, f, false)
+		require.Equal(t, StatusFailed, p.Status)
+		assert.ErrorIs(t, p.Err, syscall.ELOOP)
+		assert.Equal(t, []StepOp{StepOpen, StepClose, StepStatx}, phases[0])
+		assert.Len(t, phases, 2, "the store's directory steps fail at the link")
+		assert.Nil(t, f.tmp, "nothing written")
 	})
 	t.Run("direct", func(t *testing.T) {
 		f := &fakeFS{}
@@ -142,7 +165,7 @@ func TestProgramRawStore(t *testing.T) {
 		f := &fakeFS{file: slices.Clone(payload)}
 		p, phases := store(t, f, false)
 		require.Equal(t, StatusPresent, p.Status, "%v", p.Err)
-		assert.Equal(t, [][]StepOp{{StepStatx}}, phases, "nothing written")
+		assert.Equal(t, [][]StepOp{{StepOpen, StepClose, StepStatx}}, phases, "nothing written")
 		assert.Nil(t, f.tmp)
 	})
 	for _, c := range []struct {
@@ -160,7 +183,7 @@ func TestProgramRawStore(t *testing.T) {
 		})
 	}
 	t.Run("statx-fails", func(t *testing.T) {
-		f := &fakeFS{fail: map[int]int32{0: -int32(unix.EIO)}}
+		f := &fakeFS{fail: map[int]int32{2: -int32(unix.EIO)}}
 		p, phases := store(t, f, false)
 		require.Equal(t, StatusFailed, p.Status)
 		assert.ErrorIs(t, p.Err, syscall.EIO)

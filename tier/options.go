@@ -128,8 +128,11 @@ type Options struct {
 	// directory of vLLM's filesystem offloading tier, the root being
 	// vLLM's root: Namespace is the rank directory and Layout
 	// blockstore.VLLMLayout of the group (leave them unset, or set them
-	// to those), Format is FormatRaw, and when VLLM.Config is known, Open
-	// writes the base directory's config.json unless it is there. Reading
+	// to those), Format is FormatRaw. Open does what a vLLM process does
+	// when it starts: it makes the rank directory if it is missing, writes
+	// the base directory's config.json unless it is there (only when
+	// VLLM.Config is known), and probes O_DIRECT with a temporary file named
+	// as vLLM names its own (*_<digits>.tmp), removed at once. Reading
 	// never changes the directory: corrupt blocks stay unless OnCorrupt
 	// says otherwise.
 	VLLM *blockstore.VLLM

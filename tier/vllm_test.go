@@ -241,6 +241,23 @@ func TestVLLMRawStore(t *testing.T) {
 			require.Equal(t, StatusLoaded, res.Keys[i].Status, "%v", res.Keys[i].Err)
 			assert.Equal(t, vllmPayload(i), bufs[i])
 		}
+
+		// Another tenant's tree planted as a block's directory, with a
+		// file of the right size at the block's name: the store must not
+		// take it for the block (Present) nor write into that tree.
+		k := vllmKeys(100, 1)
+		p := vllmPath(root, v, k[0])
+		other := filepath.Join(root, "other-tenant")
+		require.NoError(t, os.MkdirAll(other, 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(other, filepath.Base(p)), vllmPayload(7), 0o644))
+		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Dir(p)), 0o755))
+		require.NoError(t, os.Symlink(other, filepath.Dir(p)))
+		res = storeVLLM(t, tr, 4, 100, k)
+		require.Equal(t, StatusFailed, res.Keys[0].Status, "%v", res.Keys[0].Err)
+		assert.ErrorIs(t, res.Keys[0].Err, unix.ELOOP)
+		entries, err := os.ReadDir(other)
+		require.NoError(t, err)
+		assert.Len(t, entries, 1, "nothing written into the other tree")
 	})
 }
 
@@ -299,6 +316,7 @@ func TestVLLMScriptDirectory(t *testing.T) {
 	const n = 24
 	out := vllmScript(t, ctx, "write", scriptArgs(root, 0, n))
 	require.Equal(t, float64(n), out["stored"])
+	require.Equal(t, true, out["direct"], "the script's probe write: O_DIRECT works here (ext4 or tmpfs)")
 	v := blockstore.NewVLLM(vllmRunConfig, 1, 2, false)
 	assert.Equal(t, v.Base, vllmScript(t, ctx, "base", scriptArgs(root, 0, 0))["base"], "the script and the tier name the base directory alike")
 	cfg, err := os.ReadFile(filepath.Join(root, v.Base, "config.json"))
@@ -309,6 +327,7 @@ func TestVLLMScriptDirectory(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, kind EngineKind) {
 		before := snapshot(t, root)
 		tr, _ := openVLLM(t, kind, root, nil)
+		require.True(t, tr.Engine().Direct, "loads and stores of the rank directory use O_DIRECT, as vLLM's do where probed: %s", tr.Engine().NoDirect)
 		require.NoError(t, tr.Lookup(1, vllmKeys(0, n)))
 		res := await(t, tr, 1)[1]
 		assert.Equal(t, n, res.Prefix, "found: %v", statuses(res))

@@ -128,10 +128,11 @@ func (c *config) resolveVLLM() error {
 
 // defaultVLLMRunConfig is the run config populate gives a new vLLM
 // directory of model when no --vllm-config says otherwise: vLLM's default
-// block size and cache dtype, one GPU block per file, no parallelism.
+// block size, a bfloat16 KV cache (the field holds the cache's torch
+// dtype, never vLLM's "auto"), one GPU block per file, no parallelism.
 func defaultVLLMRunConfig(model string) blockstore.VLLMRunConfig {
 	return blockstore.VLLMRunConfig{ModelName: model, HashBlockSize: 16, GPUBlocksPerFile: 1,
-		TPSize: 1, PPSize: 1, PCPSize: 1, DCPSize: 1, DType: "auto", InferenceEngine: "vllm"}
+		TPSize: 1, PPSize: 1, PCPSize: 1, DCPSize: 1, DType: "bfloat16", InferenceEngine: "vllm"}
 }
 
 // dataSet names the data set's manifest: the namespace, and with --layout
