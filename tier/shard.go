@@ -264,7 +264,7 @@ func (s *shard) loop() {
 		}
 		if loads && s.ring {
 			// The caller whose Load woke this owner is likely on this CPU,
-			// preempted by the thread that woke (README): let it finish its
+			// preempted by the thread it woke (README): let it finish its
 			// call before the loads' opens and reads run here. tierbench
 			// load, 64 KiB O_DIRECT, batches of 16, 5 interleaved rounds:
 			// the Load call's p99.9 118-215 us against 182-406 without;
@@ -327,7 +327,7 @@ func (s *shard) closeBackend() {
 }
 
 // intake moves new requests and cancels from the inbox, and reports whether
-// Close has given up.
+// Close has given up and whether a load came in.
 func (s *shard) intake() (abandon, loads bool) {
 	s.mu.Lock()
 	for _, r := range s.inbox {
