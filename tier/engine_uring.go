@@ -114,9 +114,9 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	b.hdrLen = blockstore.ScratchSize
 	b.chunk = submitChunk
 	if t.engine.Inline && t.engine.OwnThreads {
-		// STATX lookups on a local filesystem: every one goes to a kernel
-		// worker, and each submission wakes workers; nothing runs inline
-		// that a chunk would hand over sooner. A batch submitted whole,
+		// STATX (or mixed) lookups on a local filesystem: every STATX goes
+		// to a kernel worker and each submission wakes workers, so chunks
+		// cost more than they hand over sooner. A batch submitted whole,
 		// BenchmarkLookup, 5 interleaved rounds, medians of the per-round
 		// ratios of keys a second: STATX 1.08 with one ring (0.79-1.68),
 		// 0.95 with a ring per CPU (0.72-1.33), mixed 1.75 (1.02-2.03).
