@@ -283,6 +283,58 @@ func TestProgramLookupByOpen(t *testing.T) {
 	assert.Equal(t, before, openFDs(t), "the probe's descriptor stayed open")
 }
 
+// TestProgramLookupCachedFirst: an O_PATH lookup the dentry cache cannot
+// answer (EAGAIN from RESOLVE_CACHED) asks STATX next, judged as any STATX
+// lookup; without LookupCachedFirst an EAGAIN is a failure like any other.
+func TestProgramLookupCachedFirst(t *testing.T) {
+	key := testKey(1, 32)
+	cfg := *testConfig(DurabilityNone)
+	cfg.LookupByOpen, cfg.LookupCachedFirst = true, true
+	for _, c := range []struct {
+		name string
+		res  int32
+		mode uint16
+		want Status
+	}{
+		{"found", 0, unix.S_IFREG, StatusFound},
+		{"directory", 0, unix.S_IFDIR, StatusFound},
+		{"symlink", 0, unix.S_IFLNK, StatusMissing},
+		{"missing", -int32(unix.ENOENT), 0, StatusMissing},
+		{"eio", -int32(unix.EIO), 0, StatusFailed},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var p Program
+			require.NoError(t, p.Start(&cfg, OpLookup, key, nil, nil, false))
+			require.Equal(t, 1, p.N)
+			require.Equal(t, StepOpen, p.Steps[0].Op)
+			assert.Equal(t, uint64(ResolveBeneath|resolveCached), p.Steps[0].How.Resolve)
+			p.Steps[0].Res = -int32(unix.EAGAIN)
+			require.False(t, p.Judge(), "EAGAIN decided the lookup")
+			require.Equal(t, 1, p.N)
+			require.Equal(t, StepStatx, p.Steps[0].Op)
+			p.Steps[0].Res, p.Stx.Mode = c.res, c.mode
+			require.True(t, p.Judge())
+			assert.Equal(t, c.want, p.Status, "%v", p.Err)
+		})
+	}
+	t.Run("answered from the cache", func(t *testing.T) {
+		var p Program
+		require.NoError(t, p.Start(&cfg, OpLookup, key, nil, nil, false))
+		p.Steps[0].Res = -int32(unix.ENOENT)
+		require.True(t, p.Judge())
+		assert.Equal(t, StatusMissing, p.Status)
+	})
+	t.Run("without it", func(t *testing.T) {
+		cfg.LookupCachedFirst = false
+		var p Program
+		require.NoError(t, p.Start(&cfg, OpLookup, key, nil, nil, false))
+		assert.Equal(t, uint64(ResolveBeneath), p.Steps[0].How.Resolve)
+		p.Steps[0].Res = -int32(unix.EAGAIN)
+		require.True(t, p.Judge())
+		assert.Equal(t, StatusFailed, p.Status)
+	})
+}
+
 // openFDs counts this process's open descriptors.
 func openFDs(t *testing.T) int {
 	entries, err := os.ReadDir("/proc/self/fd")

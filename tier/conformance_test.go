@@ -21,6 +21,7 @@ import (
 
 	"github.com/uringtier/uringtier/blockstore"
 	"github.com/uringtier/uringtier/linux_test/noring"
+	"golang.org/x/sys/unix"
 )
 
 func TestMain(m *testing.M) {
@@ -171,6 +172,35 @@ func testLookupHitMissPrefix(t *testing.T, kind EngineKind, lk LookupOp) {
 	assert.Equal(t, []Status{StatusMissing}, statuses(got[2]))
 	assert.Equal(t, 0, got[2].Prefix)
 	assert.Empty(t, got[3].Keys)
+}
+
+// TestLookupColdDentries: with the dentry cache dropped, an O_PATH lookup
+// cannot resolve from it (RESOLVE_CACHED fails EAGAIN) and asks STATX
+// instead; the answers are the same as warm, and nothing fails.
+func TestLookupColdDentries(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		for _, lk := range []LookupOp{LookupStatx, LookupMixed, LookupOpenPath} {
+			t.Run("lookup="+lk.String(), func(t *testing.T) {
+				tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.Lookup, o.LookupCacheTTL = lk, -1 })
+				var keys [][]byte
+				var want []Status
+				for i := range 64 {
+					keys = append(keys, testKey(i))
+					want = append(want, StatusMissing)
+					if i%2 == 0 {
+						put(t, tr, i)
+						want[i] = StatusFound
+					}
+				}
+				unix.Sync()
+				if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("2\n"), 0); err != nil {
+					t.Skipf("cannot drop the dentry cache: %v", err)
+				}
+				require.NoError(t, tr.Lookup(1, keys))
+				assert.Equal(t, want, statuses(await(t, tr, 1)[1]))
+			})
+		}
+	})
 }
 
 func TestLookupPrefixSkips(t *testing.T) {

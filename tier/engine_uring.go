@@ -134,6 +134,7 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	b.cfg = t.programConfig(dirSet{})
 	b.cfgOpen = b.cfg
 	b.cfgOpen.LookupByOpen = true
+	b.cfgOpen.LookupCachedFirst = t.engine.Inline
 	b.empty, b.isProbed = make([]int32, n), make([]bool, n)
 	for i := range b.empty {
 		b.empty[i] = -1

@@ -22,6 +22,7 @@ var conformanceSuite = []struct {
 }{
 	{"TestLookupHitMissPrefix", TestLookupHitMissPrefix},
 	{"TestLookupPrefixSkips", TestLookupPrefixSkips},
+	{"TestLookupColdDentries", TestLookupColdDentries},
 	{"TestDuplicateAndSharedKeys", TestDuplicateAndSharedKeys},
 	{"TestLookupCache", TestLookupCache},
 	{"TestLoad", TestLoad},
