@@ -310,10 +310,10 @@ type Config struct {
 	// dentry cache cannot resolve fails EAGAIN at once, and the lookup
 	// asks STATX instead, which the io_uring engine runs in a kernel
 	// worker. An O_PATH open that misses the cache goes to a worker as
-	// well, and there answered a quarter fewer keys a second (caches
+	// well, and there answered a sixth fewer keys a second (caches
 	// dropped, 16,384 keys half present, ext4, a ring per CPU on 2 CPUs,
-	// tier.BenchmarkLookupCold: 48 k against 60 k at the median of 5
-	// rounds). Like every STATX lookup (and the sync engine's), the walk
+	// tier.BenchmarkLookupCold: 51 k against 61 k at the median of 6
+	// interleaved rounds). Like every STATX lookup (and the sync engine's), the walk
 	// then follows a link in place of a directory. For local filesystems
 	// only: on FUSE and NFS a STATX can cost a GETATTR round trip that the
 	// open does not.
