@@ -22,7 +22,7 @@ import (
 // again with --job-index j and --json: it runs the workloads and writes
 // JSON lines on stdout, which the parent reads:
 //
-//	{"type":"ready", ...}     before each workload: the job waits for a "go" line on stdin
+//	{"type":"ready", ...}     before each workload, and before closing a tier: the job waits for a "go" line on stdin
 //	{"type":"interval", ...}  an interval's figures (--interval, --plot)
 //	{"type":"result", ...}    a workload's result, with its latency histogram
 //	{"type":"note", ...}      a note for the end of the report

@@ -210,6 +210,15 @@ func (s *session) runEngine(ctx context.Context, kind tier.EngineKind, names []s
 		out = append(out, r)
 		s.emit(r)
 	}
+	if ctx.Err() == nil {
+		// Every job has read its tier's figures before any job closes
+		// its tier: a Close gives up the evictor's lease, and the job
+		// that looks next would take it and report it too.
+		if err := s.barrier(info.Kind.String(), "close"); err != nil {
+			closeTier(tr)
+			return out, err
+		}
+	}
 	return out, closeTier(tr)
 }
 
