@@ -198,8 +198,8 @@ func TestLeaseGluster(t *testing.T) {
 // TestLeaseGlusterBrickRestart kills the brick while client A holds the lease and starts it again:
 // the brick's locks die with it. With the brick down, A's Check fails: ENOTCONN until the client
 // has noticed the brick is gone (usually the first Check after the kill), then EBADFD (the client
-// marks the descriptor bad until it reconnects); either may come first (a CI run saw EBADFD on the
-// first Check, in 1 of 10 runs here; later Checks always did, 50 ms apart). After the
+// marks the descriptor bad until it reconnects). The first Check met EBADFD in one CI run and in 1
+// of 10 runs here; later Checks, 50 ms apart, always did. After the
 // restart the lease goes to whoever asks first: A's Check re-issues the lock and takes it anew (B
 // is then refused), or B's TryLease takes it (A's Check is then refused: ErrLeaseLost). Never both.
 func TestLeaseGlusterBrickRestart(t *testing.T) {
