@@ -304,10 +304,10 @@ func (l *Lease) Publish(state []byte) error {
 // ENOTCONN, or EBADFD once the client has noticed (it marks the
 // descriptor bad until it reconnects); a restarted brick has forgotten
 // every lock, and the lease goes to whoever asks first, the holder's next
-// Check (which re-takes the lock, and succeeds) or another's TryLease (and the holder's Check then fails
-// with ErrLeaseLost). So a Check that fails does not close the Lease: a
-// later Check that succeeds holds the lease again, and a maintainer may
-// resume then.
+// Check (which re-takes the lock, and succeeds) or another's TryLease (and
+// the holder's Check then fails with ErrLeaseLost). So a Check that fails
+// does not close the Lease: a later Check that succeeds holds the lease
+// again, and a maintainer may resume then.
 //
 // An error from Check that is not about the lock (the lease file removed
 // or replaced, an IO error) wraps ErrLeaseLost too: the maintainer stops.
