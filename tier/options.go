@@ -186,8 +186,8 @@ type Options struct {
 	// CPUs bound it to that many CPUs. One ring on 2 CPUs looked up 1,024-
 	// key batches at 0.74x the rate of a ring whose owner slept in the
 	// kernel (holding a P) and sent every lookup to kernel workers on both
-	// CPUs (the engine's first design); LookupMixed on one ring, whose owner keeps
-	// a thread, made 1.06x, with round trips of 115-138 µs.
+	// CPUs (the engine's first design); LookupMixed on one ring, whose
+	// owner keeps a thread, made 1.06x, with round trips of 115-138 µs.
 	Rings int
 	// OpsMax is how many key operations one ring (or the sync engine) has
 	// in flight at most. Default 1024, at most 65,536.
