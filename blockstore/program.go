@@ -313,10 +313,10 @@ type Config struct {
 	// well, and there answered a sixth fewer keys a second (caches
 	// dropped, 16,384 keys half present, ext4, a ring per CPU on 2 CPUs,
 	// tier.BenchmarkLookupCold: 51 k against 61 k at the median of 6
-	// interleaved rounds). Like every STATX lookup (and the sync engine's), the walk
-	// then follows a link in place of a directory. For local filesystems
-	// only: on FUSE and NFS a STATX can cost a GETATTR round trip that the
-	// open does not.
+	// interleaved rounds). Like every STATX lookup (and the sync
+	// engine's), the walk then follows a link in place of a directory.
+	// For local filesystems only: on FUSE and NFS a STATX can cost a
+	// GETATTR round trip that the open does not.
 	LookupCachedFirst bool
 }
 

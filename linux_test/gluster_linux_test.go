@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -145,7 +146,7 @@ func TestGlusterConcurrentStores(t *testing.T) {
 						return
 					}
 					for j, k := range r.Keys {
-						if newDirRace(k) {
+						if newDirRace(tr, idx[j], k) {
 							mu.Lock()
 							counts["store: new directory not there"]++
 							mu.Unlock()
@@ -189,13 +190,22 @@ func TestGlusterConcurrentStores(t *testing.T) {
 	})
 }
 
-// newDirRace reports whether k is a store that failed because its new fanout directory could not
-// be opened right after it was made (ENOENT naming a directory of the layout, not the block or
-// its temporary file): GlusterFS's race of two clients making one directory, above.
-func newDirRace(k tier.KeyResult) bool {
+// newDirRace reports whether k, the result of tr's store of key i, failed because a directory the
+// store makes for the block could not be opened right after it was made (ENOENT naming the block's
+// directory or one above it, not the block or its temporary file): GlusterFS's race of two clients
+// making one directory, above.
+func newDirRace(tr *tier.Tier, i int, k tier.KeyResult) bool {
 	var pe *fs.PathError
-	return k.Status == tier.StatusFailed && errors.As(k.Err, &pe) && errors.Is(pe.Err, syscall.ENOENT) &&
-		len(filepath.Base(pe.Path)) == 2
+	if k.Status != tier.StatusFailed || !errors.As(k.Err, &pe) || !errors.Is(pe.Err, syscall.ENOENT) {
+		return false
+	}
+	store := tr.BlockStore()
+	ns, err := store.NamespaceDir(tr.Namespace())
+	if err != nil {
+		return false
+	}
+	dir := filepath.Join(ns, string(store.Layout().AppendDir(nil, key(i))))
+	return pe.Path != ns && (pe.Path == dir || strings.HasPrefix(dir, pe.Path+"/"))
 }
 
 // TestGlusterKilledWriter SIGKILLs a process storing through client A, again and again until a kill
