@@ -21,7 +21,7 @@ import (
 func TestBrokenRingFailsTheTier(t *testing.T) {
 	var armed atomic.Bool
 	var fired atomic.Int64
-	ringFault = func() error {
+	ringFault = func(uint32) error {
 		if armed.Load() {
 			fired.Add(1)
 			return syscall.EBADFD
@@ -63,7 +63,7 @@ func TestBrokenRingFailsTheTier(t *testing.T) {
 func TestReapUnderPressure(t *testing.T) {
 	ringSize = 32
 	var calls atomic.Int64
-	ringFault = func() error {
+	ringFault = func(uint32) error {
 		if calls.Add(1)%2 == 0 {
 			return fmt.Errorf("injected: %w", uring.ErrRetry)
 		}

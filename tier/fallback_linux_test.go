@@ -72,6 +72,8 @@ var notInConformanceSuite = map[string]string{
 	"TestConformanceSuiteComplete":    "it checks the list, not the tier",
 	"TestBrokenRingFailsTheTier":      "it injects a fault into the io_uring engine's ring",
 	"TestReapUnderPressure":           "it shrinks the io_uring engine's queues",
+	"TestSubmitChunks":                "it counts the io_uring engine's submissions",
+	"TestLockedOwnerWithSpareP":       "it checks how the io_uring engine's owners sleep",
 	"TestLoadsSpreadOverRings":        "it needs two io_uring rings; the sync engine has one shard",
 	"TestLoadLearnedBeforeInvalidate": "it needs two io_uring rings; the sync engine has one shard",
 	"TestHugeBlock":                   "it moves 2 GiB through each engine; the sync engine it would run in the child is the same code as here",

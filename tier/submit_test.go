@@ -1,0 +1,96 @@
+package tier
+
+import (
+	"context"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestSubmitChunks counts the io_uring engine's submissions of a
+// 1,024-key lookup batch of O_PATH opens on a local filesystem. With a ring
+// per P, each owner hands the kernel submitChunk SQEs at a time and yields
+// its P after each, so that the caller finds one. With fewer rings than Ps
+// a caller always finds a P, and the owner submits the batch whole: chunks
+// cost one ring of two CPUs about a third of its keys a second.
+func TestSubmitChunks(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
+	var submits atomic.Int64
+	ringFault = func(sqes uint32) error {
+		if sqes > 0 {
+			submits.Add(1)
+		}
+		return nil
+	}
+	t.Cleanup(func() { ringFault = nil })
+	keys := make([]int, 1024)
+	for i := range keys {
+		keys[i] = i
+	}
+	for _, c := range []struct {
+		rings     int
+		atLeast   int64 // submissions that hand SQEs over
+		fewerThan int64
+	}{
+		{rings: 1, atLeast: 1, fewerThan: 8},
+		{rings: 2, atLeast: int64(len(keys)) / submitChunk, fewerThan: 1 << 20},
+	} {
+		tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) {
+			o.Rings, o.OpsMax = c.rings, len(keys)
+		})
+		require.False(t, tr.Engine().OwnThreads)
+		put(t, tr, keys[:len(keys)/2]...)
+		submits.Store(0)
+		require.NoError(t, tr.Lookup(1, testKeys(keys...)))
+		r := await(t, tr, 1)[1]
+		for i, k := range r.Keys {
+			want := StatusMissing
+			if i < len(keys)/2 {
+				want = StatusFound
+			}
+			require.Equal(t, want, k.Status, "rings %d, key %d", c.rings, i)
+		}
+		n := submits.Load()
+		t.Logf("rings %d: %d submissions", c.rings, n)
+		assert.GreaterOrEqual(t, n, c.atLeast, "rings %d: submissions", c.rings)
+		assert.Less(t, n, c.fewerThan, "rings %d: submissions", c.rings)
+	}
+}
+
+// TestLockedOwnerWithSpareP runs an owner locked to its thread (STATX
+// lookups) with fewer rings than Ps, where it sleeps in io_uring_enter and
+// a caller's wake is its waker's READ completing, and with a ring per P,
+// where it sleeps on the ring's eventfd. Each time the owner is left to
+// fall asleep before a request comes, and every request is answered.
+func TestLockedOwnerWithSpareP(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
+	for _, rings := range []int{1, 2} {
+		tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) {
+			o.Rings, o.Lookup = rings, LookupStatx
+		})
+		require.True(t, tr.Engine().OwnThreads)
+		be := tr.shards[0].be.(*uringBackend)
+		assert.Equal(t, rings == 1, be.waker != nil, "rings %d: the owner sleeps in io_uring_enter", rings)
+		assert.Equal(t, rings == 1, be.evfd == nil, "rings %d: the owner sleeps on an eventfd", rings)
+		put(t, tr, 0, 1)
+		for req := uint64(1); req <= 3; req++ {
+			time.Sleep(20 * time.Millisecond)
+			require.NoError(t, tr.Lookup(req, testKeys(0, 1, 2)))
+			assert.Equal(t, []Status{StatusFound, StatusFound, StatusMissing}, statuses(await(t, tr, req)[req]), "rings %d", rings)
+		}
+		time.Sleep(20 * time.Millisecond)
+		bufs := [][]byte{testPayload(2)}
+		require.NoError(t, tr.Store(4, testKeys(2), bufs))
+		assert.Equal(t, []Status{StatusStored}, statuses(await(t, tr, 4)[4]), "rings %d", rings)
+		time.Sleep(20 * time.Millisecond)
+		clear(bufs[0])
+		require.NoError(t, tr.Load(5, testKeys(2), bufs))
+		assert.Equal(t, []Status{StatusLoaded}, statuses(await(t, tr, 5)[5]), "rings %d", rings)
+		assert.Equal(t, testPayload(2), bufs[0], "rings %d", rings)
+		require.NoError(t, tr.Close(context.Background()))
+	}
+}
