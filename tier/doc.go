@@ -28,7 +28,9 @@
 // the OS thread that created its ring (IORING_SETUP_SINGLE_ISSUER and
 // DEFER_TASKRUN, EngineInfo.OwnThreads). It sleeps on a channel when the
 // kernel holds none of its operations and otherwise on the ring's eventfd in
-// Go's netpoller, holding no P either way; callers hand it work through a
+// Go's netpoller, holding no P either way (with fewer rings than Ps, where a
+// caller finds a P anyway, a locked owner sleeps in io_uring_enter and no
+// owner yields its P); callers hand it work through a
 // mutex-guarded inbox and wake it (a store or delete only when no completion
 // is due to, shard.enqueue), never touching the ring. The sync
 // engine's owner hands key operations to a fixed pool of goroutines doing

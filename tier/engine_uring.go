@@ -133,9 +133,10 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 		b.chunk = entries
 	case t.engine.Inline && spareP:
 		// Nothing to hand over: a batch goes whole. O_PATH lookups on one
-		// ring of two CPUs, 1,024-key batches: chunks of 32 SQEs with a
-		// yield after each made 0.69-0.86 of the keys a second of the
-		// engine's first design, whole batches 1.00-1.06.
+		// ring of two CPUs, 1,024-key batches, 4 interleaved rounds: with
+		// chunks of 32 SQEs and a yield after each, 0.78 (0.74-0.92) of
+		// the keys a second of the engine's first design's O_PATH
+		// lookups; whole, 1.00 (0.95-1.22).
 		b.chunk, b.yield = entries, false
 	}
 	if !t.engine.Inline {
@@ -557,9 +558,9 @@ func (b *uringBackend) evaluate(i int32) {
 // after it runs) and wake. A locked owner with fewer rings than Ps, or on a
 // kernel without DEFER_TASKRUN, submits, runs task work and waits in one
 // io_uring_enter: STATX lookups on one ring of two CPUs, 1,024-key batches,
-// made 0.80-0.87 of the keys a second of the engine's first design through
-// the netpoller, and 0.93-1.03 so; a round trip of 8 took 111-157 µs
-// against 81-120 µs so (the first design: 81-102 µs).
+// 4 interleaved rounds, made 0.95 (0.77-1.17) of the keys a second of the
+// engine's first design through the netpoller and 1.11 (0.93-1.25) so; a
+// round trip of 8 keys took 98-146 µs and 84-106 µs (first design: 69-112).
 // SQEs that the reaped completions queue go with the next wait.
 func (b *uringBackend) wait(d time.Duration, done []int32) []int32 {
 	switch {

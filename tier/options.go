@@ -183,11 +183,18 @@ type Options struct {
 	// locked to their threads took 136 µs (one ring) and 174 µs (two).
 	// A ring's inline work (warm lookups, page-cache copies) runs on its
 	// owner's CPU, one at a time under the ring's lock: fewer rings than
-	// CPUs bound it to that many CPUs. One ring on 2 CPUs looked up 1,024-
-	// key batches at 0.74x the rate of a ring whose owner slept in the
-	// kernel (holding a P) and sent every lookup to kernel workers on both
-	// CPUs (the engine's first design); LookupMixed on one ring, whose
-	// owner keeps a thread, made 1.06x, with round trips of 115-138 µs.
+	// CPUs bound it to that many CPUs. With fewer rings than GOMAXPROCS a
+	// caller finds a P whatever the owners hold, so an owner submits a
+	// batch whole and never yields its P, and one that keeps a thread
+	// sleeps in io_uring_enter. One ring on 2 CPUs, 1,024-key batches,
+	// against the engine's first design (owners asleep in the kernel,
+	// holding a P; STATX lookups by default), medians of 4 interleaved
+	// rounds of per-round ratios: O_PATH lookups 0.87 of the first
+	// design's STATX (0.60-1.03) and 1.00 of its O_PATH (0.95-1.22); STATX
+	// lookups 1.11 (0.93-1.25), with round trips of 8 keys of 84-106 µs
+	// against 69-112 µs. With a ring per CPU, O_PATH made 1.13 (0.74-1.35)
+	// of the first design's STATX with a ring per CPU, and STATX 0.85
+	// (0.78-0.91) of its own.
 	Rings int
 	// OpsMax is how many key operations one ring (or the sync engine) has
 	// in flight at most. Default 1024, at most 65,536.

@@ -16,7 +16,7 @@ import (
 // per P, each owner hands the kernel submitChunk SQEs at a time and yields
 // its P after each, so that the caller finds one. With fewer rings than Ps
 // a caller always finds a P, and the owner submits the batch whole: chunks
-// cost one ring of two CPUs about a third of its keys a second.
+// cost one ring of two CPUs about a fifth of its keys a second.
 func TestSubmitChunks(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
 	var submits atomic.Int64
