@@ -74,8 +74,8 @@ func TestLockedOwnerWithSpareP(t *testing.T) {
 		})
 		require.True(t, tr.Engine().OwnThreads)
 		be := tr.shards[0].be.(*uringBackend)
-		assert.Equal(t, rings == 1, be.waker != nil, "rings %d: the owner sleeps in io_uring_enter", rings)
-		assert.Equal(t, rings == 1, be.evfd == nil, "rings %d: the owner sleeps on an eventfd", rings)
+		assert.Equal(t, rings == 1, be.waker != nil, "rings %d: a waker, to end a sleep in io_uring_enter", rings)
+		assert.Equal(t, rings != 1, be.evfd != nil, "rings %d: an eventfd, to sleep on in the netpoller", rings)
 		put(t, tr, 0, 1)
 		for req := uint64(1); req <= 3; req++ {
 			time.Sleep(20 * time.Millisecond)
