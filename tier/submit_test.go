@@ -37,7 +37,7 @@ func TestSubmitChunks(t *testing.T) {
 		fewerThan int64
 	}{
 		{rings: 1, atLeast: 1, fewerThan: 8},
-		{rings: 2, atLeast: int64(len(keys)) / submitChunk, fewerThan: 1 << 20},
+		{rings: 2, atLeast: int64(len(keys)) / submitChunk / 2, fewerThan: 1 << 20},
 	} {
 		tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) {
 			o.Rings, o.OpsMax = c.rings, len(keys)
