@@ -192,9 +192,10 @@ type Options struct {
 	// rounds of per-round ratios: O_PATH lookups 0.87 of the first
 	// design's STATX (0.60-1.03) and 1.00 of its O_PATH (0.95-1.22); STATX
 	// lookups 1.11 (0.93-1.25), with round trips of 8 keys of 84-106 µs
-	// against 69-112 µs. With a ring per CPU, O_PATH made 1.13 (0.74-1.35)
-	// of the first design's STATX with a ring per CPU, and STATX 0.85
-	// (0.78-0.91) of its own.
+	// against 69-112 µs (BenchmarkLookup, 5 rounds: O_PATH 0.94 of the
+	// first design's default, 0.88-1.05). With a ring per CPU, O_PATH made
+	// 1.13 (0.74-1.35) of the first design's STATX with a ring per CPU,
+	// and STATX 0.85 (0.78-0.91) of its own.
 	Rings int
 	// OpsMax is how many key operations one ring (or the sync engine) has
 	// in flight at most. Default 1024, at most 65,536.
