@@ -121,23 +121,21 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	// io_uring_enter.
 	spareP := t.opts.Rings < runtime.GOMAXPROCS(0)
 	b.chunk = submitChunk
-	b.yield = !t.engine.OwnThreads
-	switch {
-	case t.engine.Inline && t.engine.OwnThreads:
-		// STATX (or mixed) lookups on a local filesystem: every STATX goes
-		// to a kernel worker and each submission wakes workers, so chunks
-		// cost more than they hand over sooner. A batch submitted whole,
-		// BenchmarkLookup, 5 interleaved rounds, medians of the per-round
-		// ratios of keys a second: STATX 1.08 with one ring (0.79-1.68),
-		// 0.95 with a ring per CPU (0.72-1.33), mixed 1.75 (1.02-2.03).
+	b.yield = !t.engine.OwnThreads && !spareP
+	if t.engine.Inline && (t.engine.OwnThreads || spareP) {
+		// A batch goes whole. STATX (or mixed) lookups on a local
+		// filesystem: every STATX goes to a kernel worker and each
+		// submission wakes workers, so chunks cost more than they hand
+		// over sooner (BenchmarkLookup, 5 interleaved rounds, medians of
+		// the per-round ratios of keys a second, whole against chunks:
+		// STATX 1.08 with one ring (0.79-1.68), 0.95 with a ring per CPU
+		// (0.72-1.33), mixed 1.75 (1.02-2.03)). With a spare P there is
+		// nothing to hand over: O_PATH lookups on one ring of two CPUs,
+		// 1,024-key batches, 4 interleaved rounds, made 0.78 (0.74-0.92)
+		// of the keys a second of the engine's first design's O_PATH
+		// lookups in chunks of 32 SQEs with a yield after each, and 1.00
+		// (0.95-1.22) whole.
 		b.chunk = entries
-	case t.engine.Inline && spareP:
-		// Nothing to hand over: a batch goes whole. O_PATH lookups on one
-		// ring of two CPUs, 1,024-key batches, 4 interleaved rounds: with
-		// chunks of 32 SQEs and a yield after each, 0.78 (0.74-0.92) of
-		// the keys a second of the engine's first design's O_PATH
-		// lookups; whole, 1.00 (0.95-1.22).
-		b.chunk, b.yield = entries, false
 	}
 	if !t.engine.Inline {
 		b.rw = uring.SQEAsync

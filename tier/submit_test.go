@@ -65,9 +65,11 @@ func TestSubmitChunks(t *testing.T) {
 // lookups) with fewer rings than Ps, where it sleeps in io_uring_enter and
 // a caller's wake is its waker's READ completing, and with a ring per P,
 // where it sleeps on the ring's eventfd. Each time the owner is left to
-// fall asleep before a request comes, and every request is answered.
+// fall asleep before a request comes, and every request is answered well
+// before the owner's idle sleep (a second) would have ended by itself.
 func TestLockedOwnerWithSpareP(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
+	const woken = 500 * time.Millisecond
 	for _, rings := range []int{1, 2} {
 		tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) {
 			o.Rings, o.Lookup = rings, LookupStatx
@@ -80,16 +82,16 @@ func TestLockedOwnerWithSpareP(t *testing.T) {
 		for req := uint64(1); req <= 3; req++ {
 			time.Sleep(20 * time.Millisecond)
 			require.NoError(t, tr.Lookup(req, testKeys(0, 1, 2)))
-			assert.Equal(t, []Status{StatusFound, StatusFound, StatusMissing}, statuses(await(t, tr, req)[req]), "rings %d", rings)
+			assert.Equal(t, []Status{StatusFound, StatusFound, StatusMissing}, statuses(awaitWithin(t, tr, woken, req)[req]), "rings %d", rings)
 		}
 		time.Sleep(20 * time.Millisecond)
 		bufs := [][]byte{testPayload(2)}
 		require.NoError(t, tr.Store(4, testKeys(2), bufs))
-		assert.Equal(t, []Status{StatusStored}, statuses(await(t, tr, 4)[4]), "rings %d", rings)
+		assert.Equal(t, []Status{StatusStored}, statuses(awaitWithin(t, tr, woken, 4)[4]), "rings %d", rings)
 		time.Sleep(20 * time.Millisecond)
 		clear(bufs[0])
 		require.NoError(t, tr.Load(5, testKeys(2), bufs))
-		assert.Equal(t, []Status{StatusLoaded}, statuses(await(t, tr, 5)[5]), "rings %d", rings)
+		assert.Equal(t, []Status{StatusLoaded}, statuses(awaitWithin(t, tr, woken, 5)[5]), "rings %d", rings)
 		assert.Equal(t, testPayload(2), bufs[0], "rings %d", rings)
 		require.NoError(t, tr.Close(context.Background()))
 	}
