@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 
@@ -208,4 +209,29 @@ func TestParseLayoutOptions(t *testing.T) {
 	_, err = o.tierOptions(dir)
 	require.Equal(t, utEOptions, int(code(err)), "%v", err)
 	require.ErrorContains(t, err, "2 vLLM base directories")
+}
+
+// TestDefaultRings: without rings=, a tier opened through the C ABI has a
+// ring fewer than the Ps (at least 1, at most 8), so that the caller's own
+// thread keeps a CPU; rings= still sets any count.
+func TestDefaultRings(t *testing.T) {
+	for procs, want := range map[int]int{1: 1, 2: 1, 3: 2, 8: 7, 9: 8, 64: 8} {
+		require.Equal(t, want, defaultRings(procs), "%d Ps", procs)
+	}
+	for _, tc := range []struct {
+		options string
+		want    int
+	}{
+		{"block_size=4096 engine=uring", defaultRings(runtime.GOMAXPROCS(0))},
+		{"block_size=4096 engine=uring rings=2", 2},
+	} {
+		h, err := open(t.TempDir(), tc.options)
+		require.NoError(t, err)
+		c, err := acquire(h)
+		require.NoError(t, err)
+		got := c.t.Engine().Rings
+		c.mu.RUnlock()
+		require.NoError(t, free(h))
+		require.Equal(t, tc.want, got, tc.options)
+	}
 }

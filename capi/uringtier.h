@@ -159,7 +159,8 @@ const char *ut_last_error(void);
  *   cache_ttl=D           answer lookups this recent from memory; 0 = off [1s]
  *   cache_size=N          lookup cache entries [1048576]
  *   durability=none|data|full  fsync of stores [none]
- *   rings=N               io_uring instances [GOMAXPROCS, at most 8]
+ *   rings=N               io_uring instances [GOMAXPROCS - 1, at least 1, at most 8:
+ *                         a CPU left to the caller's own threads]
  *   ops_max=N             key operations in flight per ring [1024]
  *   workers_max=N         kernel worker threads per ring [64]
  *   sync_workers=N        the sync engine's threads [16]

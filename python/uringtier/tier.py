@@ -207,7 +207,8 @@ class Tier:
         **options: further options of ut_open by name (cache_size, rings, ops_max, workers_max,
             sync_workers, breaker_threshold, lookup_op, direct, format, on_corrupt, layout, and
             layout="vllm"'s model, rank, group, vllm_base, vllm_config, parallel_agnostic); see
-            uringtier.h.
+            uringtier.h. rings defaults to one fewer than the CPUs (at least 1, at most 8): the
+            interpreter's thread keeps a CPU of its own.
 
     A directory of vLLM's filesystem offloading tier (raw blocks at
     ``<path>/<model>_<12 hex>_r<rank>/<hex[0:3]>/<hex[3:5]>_g<group>/<hex>.bin``, keys being vLLM's
