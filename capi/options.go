@@ -216,10 +216,10 @@ func parseOptions(s string) (openOptions, error) {
 }
 
 // defaultRings is the rings of a tier opened through the C ABI on procs
-// Ps: one fewer than the Go API's default, at least 1, at most 8. The
-// caller here is a thread the Go runtime does not schedule (an
-// interpreter's), which competes with the owners' inline work for the
-// CPUs; with a ring per CPU the owners took a share of its CPU.
+// Ps: one fewer than the Ps, at least 1, at most 8 (the Go API has a ring
+// per P, at most 8). The caller here is a thread the Go runtime does not
+// schedule (an interpreter's), which competes with the owners' inline work
+// for the CPUs; with a ring per CPU the owners took a share of its CPU.
 // python/bench/scheduler.py on 2 CPUs, 3 rounds, 8,192 keys a step: one
 // ring answered 503 k keys/s against 430 k with two, the scheduler's step
 // 14.0 ms against 17.7 (10 ms of work); through the 1 ms FUSE mount 7.2 k
