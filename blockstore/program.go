@@ -281,6 +281,8 @@ type progress struct {
 	fileOpen bool
 	created  bool          // a store made directories (their parents need a sync for DurabilityFull)
 	retried  bool          // a store already recreated its directories once; a load already met a stale file once
+	mkdirs   bool          // a store makes and checks its directories (its first try did not find them)
+	tryDirs  bool          // a store's phase counts on directories it has not seen being there
 	reopen   bool          // a load closes a stale file and walks the path again
 	eof      bool          // a load's read met the end of the file
 	byStep   bool          // a load reads header, payload and past the end with a read each

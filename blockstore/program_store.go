@@ -1,8 +1,9 @@
 package blockstore
 
-// The store program: make and check the directories, write a temporary
-// file, sync, close and rename it onto the block; a short write writes on,
-// a failure removes the temporary file, DurabilityFull syncs directories.
+// The store program: write a temporary file, sync, close and rename it onto
+// the block, after making and checking the directories when a first try did
+// not find them; a short write writes on, a failure removes the temporary
+// file, DurabilityFull syncs directories.
 // A raw store first looks for the block and writes nothing if it is there.
 
 import (
@@ -14,8 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// layStore lays out a store's first phase: the directories it has not
-// seen, then the temporary file and what follows it.
+// layStore lays out a store's first phase: the temporary file and what
+// follows it, after, once a first try did not find them, the directories.
 func (p *Program) layStore() {
 	key, l := p.KeyBytes(), p.cfg.Layout
 	tmp := append(l.AppendTempPath(p.tmp[:0], key, NewTempToken()), 0)
@@ -23,7 +24,19 @@ func (p *Program) layStore() {
 	if len(tmp) > len(p.tmp) || 2*len(dir)+2 > len(p.dirs) {
 		panic("blockstore: block path longer than PathMax") // Start checked the block's path
 	}
-	if len(dir) > 0 && !p.cfg.Dirs.Known(dir) {
+	p.tryDirs = len(dir) > 0 && !p.cfg.Dirs.Known(dir) && !p.mkdirs
+	if len(dir) > 0 && !p.cfg.Dirs.Known(dir) && p.mkdirs {
+		// A directory not seen yet is usually there (made by another
+		// process, or by this one before a restart), and the temporary
+		// file's open, which follows no link, is check enough: a first
+		// try opens it alone, and only a try that found a level missing,
+		// not a directory or a link (ENOENT, ENOTDIR, ELOOP) makes them.
+		// tierbench store (64 KiB, O_DIRECT, in a populated tree), 4
+		// interleaved rounds against making them every time: 5.3 SQEs a
+		// store instead of 10.7 (MKDIRs are handed to kernel workers);
+		// io_uring 7.6 k keys/s against 6.3 k and 214 µs of CPU a key
+		// against 257; sync engine 192 µs against 217 (medians).
+		//
 		// Each level of the directory, "aa\0aa/bb\0", made and then opened
 		// without following links: MKDIR follows a link on the way, so a
 		// link (or a file) in place of a level stops the chain before
@@ -196,10 +209,18 @@ func (p *Program) judgeStore() bool {
 		return p.decide(StatusStored, nil)
 	}
 	s := &p.Steps[k]
+	if s.role == roleOpen && p.tryDirs && !p.Canceled && (err == syscall.ENOENT || err == syscall.ENOTDIR || err == syscall.ELOOP) {
+		// The first try, in directories not seen yet, did not find them:
+		// make them (or learn which level is not a directory).
+		p.mkdirs = true
+		p.hdrDone, p.payDone = 0, 0
+		p.next(phaseMain)
+		return false
+	}
 	if (s.role == roleOpen || s.role == roleMkdir || s.role == roleDirCheck) && err == syscall.ENOENT && !p.retried && !p.Canceled {
 		// A directory is missing (new, or removed under us): create it
 		// and try once more.
-		p.retried, p.Renew = true, true
+		p.retried, p.Renew, p.mkdirs = true, true, true
 		p.cfg.Dirs.Forget(p.cfg.Layout.AppendDir(p.dirs[:0], p.KeyBytes()))
 		p.hdrDone, p.payDone = 0, 0
 		p.next(phaseMain)
@@ -241,6 +262,7 @@ func (p *Program) judgeExists() bool {
 		if p.Steps[0].Res < 0 && !p.Canceled {
 			// Missing, or a link or file in place of a level: the store's
 			// own directory steps make it or say why not.
+			p.mkdirs = true
 			p.next(phaseMain)
 			return false
 		}

@@ -3,6 +3,7 @@ package blockstore
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -79,10 +80,12 @@ func (f *fakeFS) call(p *Program, s *Step) int32 {
 		}
 		f.noDirs = false
 	case StepOpen:
+		// Paths under the directories: a link in place of one fails an
+		// open that follows no link, a missing one fails every open.
 		switch {
-		case s.How.Flags&unix.O_DIRECTORY != 0 && f.dirLink:
+		case (s.How.Flags&unix.O_DIRECTORY != 0 || s.How.Flags&unix.O_CREAT != 0) && f.dirLink:
 			return -int32(unix.ELOOP)
-		case s.How.Flags&unix.O_DIRECTORY != 0 && f.noDirs:
+		case (s.How.Flags&unix.O_DIRECTORY != 0 || s.How.Flags&unix.O_CREAT != 0) && f.noDirs:
 			return -int32(unix.ENOENT)
 		}
 		if s.How.Flags&unix.O_CREAT != 0 && f.noMkdir {
@@ -581,43 +584,95 @@ func TestProgramStoreFailures(t *testing.T) {
 	key := testKey(3, 32)
 	payload := testPayload(key, 2*HeaderSize)
 	for _, d := range []Durability{DurabilityNone, DurabilityData, DurabilityFull} {
-		// new directories: MKDIR, OPEN+CLOSE (the check), MKDIR, OPEN+CLOSE,
-		// OPEN tmp, WRITE, WRITE, [FSYNC,] CLOSE, RENAME
-		var p Program
-		require.NoError(t, p.Start(testConfig(d), OpStore, key, payload, make([]byte, HeaderSize), false))
-		steps, tmpOpen := p.N, 0
-		for k := range steps {
-			if p.Steps[k].role == roleOpen {
-				tmpOpen = k
+		// In directories not seen yet, that are there: OPEN tmp, WRITE,
+		// WRITE, [FSYNC,] CLOSE, RENAME. In new ones, that first OPEN
+		// fails (ENOENT) and the second phase makes them: MKDIR,
+		// OPEN+CLOSE (the check), MKDIR, OPEN+CLOSE, then the same.
+		for _, newDirs := range []bool{false, true} {
+			var p Program
+			require.NoError(t, p.Start(testConfig(d), OpStore, key, payload, make([]byte, HeaderSize), false))
+			skip := 0 // calls before the phase whose steps fail in turn
+			if newDirs {
+				require.Equal(t, StepOpen, p.Steps[0].Op)
+				p.execute(func(*Step) int32 { return -int32(unix.ENOENT) })
+				require.False(t, p.Judge())
+				require.Equal(t, StepMkdir, p.Steps[0].Op, "the directories are made after a first try did not find them")
+				skip = 1
 			}
-		}
-		for k := range steps {
-			errno := unix.EIO
-			if p.Steps[k].Op == StepMkdir {
-				errno = unix.EACCES
-			}
-			name := d.String() + "/" + p.Steps[k].Op.String()
-			t.Run(name, func(t *testing.T) {
-				var p Program
-				require.NoError(t, p.Start(testConfig(d), OpStore, key, payload, make([]byte, HeaderSize), false))
-				op := p.Steps[k].Op
-				f := &fakeFS{fail: map[int]int32{k: -int32(errno)}}
-				phases := f.run(t, &p)
-				require.Equal(t, StatusFailed, p.Status)
-				assert.True(t, f.file == nil, "a failed store published a block")
-				var pe *fs.PathError
-				require.True(t, errors.As(p.Err, &pe), "%v", p.Err)
-				assert.Equal(t, op.String(), pe.Op)
-				assert.ErrorIs(t, p.Err, errno)
-				if k <= tmpOpen {
-					assert.Len(t, phases, 1, "nothing to clean up")
-				} else {
-					assert.True(t, slices.ContainsFunc(phases, func(ph []StepOp) bool { return slices.Equal(ph, []StepOp{StepUnlink}) }),
-						"the temporary file is removed: %v", phases)
+			steps, tmpOpen := p.N, 0
+			for k := range steps {
+				if p.Steps[k].role == roleOpen {
+					tmpOpen = k
 				}
-			})
+			}
+			for k := range steps {
+				errno := unix.EIO
+				if p.Steps[k].Op == StepMkdir {
+					errno = unix.EACCES
+				}
+				name := fmt.Sprintf("%v/new-dirs=%v/%d-%v", d, newDirs, k, p.Steps[k].Op)
+				op := p.Steps[k].Op
+				t.Run(name, func(t *testing.T) {
+					var p Program
+					require.NoError(t, p.Start(testConfig(d), OpStore, key, payload, make([]byte, HeaderSize), false))
+					f := &fakeFS{noDirs: newDirs, fail: map[int]int32{skip + k: -int32(errno)}}
+					phases := f.run(t, &p)
+					require.Equal(t, StatusFailed, p.Status)
+					assert.True(t, f.file == nil, "a failed store published a block")
+					var pe *fs.PathError
+					require.True(t, errors.As(p.Err, &pe), "%v", p.Err)
+					assert.Equal(t, op.String(), pe.Op)
+					assert.ErrorIs(t, p.Err, errno)
+					if k <= tmpOpen {
+						assert.Len(t, phases, 1+skip, "nothing to clean up")
+					} else {
+						assert.True(t, slices.ContainsFunc(phases, func(ph []StepOp) bool { return slices.Equal(ph, []StepOp{StepUnlink}) }),
+							"the temporary file is removed: %v", phases)
+					}
+				})
+			}
 		}
 	}
+	t.Run("existing-directories-not-made", func(t *testing.T) {
+		var p Program
+		require.NoError(t, p.Start(testConfig(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
+		f := &fakeFS{}
+		phases := f.run(t, &p)
+		require.Equal(t, StatusStored, p.Status, "%v", p.Err)
+		assert.Equal(t, [][]StepOp{{StepOpen, StepWrite, StepWrite, StepClose, StepRename}}, phases)
+		assert.True(t, p.cfg.Dirs.Known(p.cfg.Layout.AppendDir(nil, key)), "the directory is remembered")
+	})
+	t.Run("new-directories-made", func(t *testing.T) {
+		var p Program
+		require.NoError(t, p.Start(testConfig(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
+		f := &fakeFS{noDirs: true}
+		phases := f.run(t, &p)
+		require.Equal(t, StatusStored, p.Status, "%v", p.Err)
+		assert.Equal(t, [][]StepOp{{StepOpen, StepWrite, StepWrite, StepClose, StepRename},
+			{StepMkdir, StepOpen, StepClose, StepMkdir, StepOpen, StepClose, StepOpen, StepWrite, StepWrite, StepClose, StepRename}}, phases)
+		assert.False(t, p.Renew, "a directory not made yet is no sign of a replaced namespace directory")
+	})
+	t.Run("file-in-place-of-a-directory", func(t *testing.T) {
+		// ENOTDIR on the first try: the directory steps say which level.
+		var p Program
+		require.NoError(t, p.Start(testConfig(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
+		f := &fakeFS{fail: map[int]int32{0: -int32(unix.ENOTDIR), 1: -int32(unix.EEXIST), 2: -int32(unix.ENOTDIR)}}
+		phases := f.run(t, &p)
+		require.Equal(t, StatusFailed, p.Status)
+		assert.ErrorIs(t, p.Err, syscall.ENOTDIR)
+		assert.Equal(t, []StepOp{StepOpen, StepMkdir, StepOpen}, f.calls, "nothing ran after the check")
+		assert.Len(t, phases, 2)
+		assert.Contains(t, p.Err.Error(), "openat /ns/"+string(FanoutLayout{}.AppendDir(nil, key)[:2]))
+	})
+	t.Run("other-errors-not-retried", func(t *testing.T) {
+		var p Program
+		require.NoError(t, p.Start(testConfig(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
+		f := &fakeFS{fail: map[int]int32{0: -int32(unix.EACCES)}}
+		phases := f.run(t, &p)
+		require.Equal(t, StatusFailed, p.Status)
+		assert.ErrorIs(t, p.Err, syscall.EACCES)
+		assert.Len(t, phases, 1)
+	})
 	// In a known directory: OPEN WRITE WRITE CLOSE RENAME.
 	known := func(d Durability) *Config {
 		cfg := testConfig(d)
@@ -677,25 +732,32 @@ func TestProgramStoreFailures(t *testing.T) {
 		assert.True(t, p.Renew, "the engine is told to look at its namespace directory")
 	})
 	t.Run("symlinked-directory", func(t *testing.T) {
-		// The check of the first level finds a link: the chain stops
-		// before the MKDIR below it and before anything is created.
+		// The first try's open, which follows no link, fails (ELOOP); the
+		// check of the first level finds the link: the chain stops before
+		// the MKDIR below it and before anything is created.
 		var p Program
 		require.NoError(t, p.Start(testConfig(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
-		f := &fakeFS{fail: map[int]int32{1: -int32(unix.ELOOP)}}
+		f := &fakeFS{dirLink: true}
 		phases := f.run(t, &p)
 		require.Equal(t, StatusFailed, p.Status)
 		assert.ErrorIs(t, p.Err, syscall.ELOOP)
-		assert.Equal(t, []StepOp{StepMkdir, StepOpen}, f.calls, "nothing ran after the check")
-		assert.Len(t, phases, 1)
+		assert.Equal(t, []StepOp{StepOpen, StepMkdir, StepOpen}, f.calls, "nothing ran after the check")
+		assert.Len(t, phases, 2)
 		assert.Contains(t, p.Err.Error(), "openat /ns/"+string(FanoutLayout{}.AppendDir(nil, key)[:2]))
 	})
 	t.Run("full-durability-syncs-directories", func(t *testing.T) {
 		var p Program
 		require.NoError(t, p.Start(testConfig(DurabilityFull), OpStore, key, payload, make([]byte, HeaderSize), false))
-		phases := (&fakeFS{}).run(t, &p)
+		phases := (&fakeFS{noDirs: true}).run(t, &p)
+		require.Equal(t, StatusStored, p.Status, "%v", p.Err)
+		require.Len(t, phases, 3)
+		assert.Equal(t, 9, len(phases[2]), "made directories: the block's directory, its parent and the namespace directory")
+		p = Program{}
+		require.NoError(t, p.Start(testConfig(DurabilityFull), OpStore, key, payload, make([]byte, HeaderSize), false))
+		phases = (&fakeFS{}).run(t, &p)
 		require.Equal(t, StatusStored, p.Status, "%v", p.Err)
 		require.Len(t, phases, 2)
-		assert.Equal(t, 9, len(phases[1]), "the block's directory, its parent and the namespace directory")
+		assert.Equal(t, 3, len(phases[1]), "directories that were there: the block's directory")
 	})
 }
 
