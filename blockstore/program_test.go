@@ -42,8 +42,8 @@ type fakeFS struct {
 	onFail  func() // called when a step of fail is answered
 	// noDirs: directories are missing until a MKDIR makes them; dirLink:
 	// a link stands in place of a directory (MKDIR finds it, an open that
-	// follows no link fails with ELOOP).
-	noDirs, dirLink bool
+	// follows no link fails with ELOOP); dirFile: a file does (ENOTDIR).
+	noDirs, dirLink, dirFile bool
 }
 
 func (f *fakeFS) call(p *Program, s *Step) int32 {
@@ -75,7 +75,7 @@ func (f *fakeFS) call(p *Program, s *Step) int32 {
 			p.Stx.Mode = f.mode
 		}
 	case StepMkdir:
-		if f.dirLink {
+		if f.dirLink || f.dirFile {
 			return -int32(unix.EEXIST)
 		}
 		f.noDirs = false
@@ -85,6 +85,8 @@ func (f *fakeFS) call(p *Program, s *Step) int32 {
 		switch {
 		case (s.How.Flags&unix.O_DIRECTORY != 0 || s.How.Flags&unix.O_CREAT != 0) && f.dirLink:
 			return -int32(unix.ELOOP)
+		case (s.How.Flags&unix.O_DIRECTORY != 0 || s.How.Flags&unix.O_CREAT != 0) && f.dirFile:
+			return -int32(unix.ENOTDIR)
 		case (s.How.Flags&unix.O_DIRECTORY != 0 || s.How.Flags&unix.O_CREAT != 0) && f.noDirs:
 			return -int32(unix.ENOENT)
 		}
@@ -652,18 +654,6 @@ func TestProgramStoreFailures(t *testing.T) {
 			{StepMkdir, StepOpen, StepClose, StepMkdir, StepOpen, StepClose, StepOpen, StepWrite, StepWrite, StepClose, StepRename}}, phases)
 		assert.False(t, p.Renew, "a directory not made yet is no sign of a replaced namespace directory")
 	})
-	t.Run("file-in-place-of-a-directory", func(t *testing.T) {
-		// ENOTDIR on the first try: the directory steps say which level.
-		var p Program
-		require.NoError(t, p.Start(testConfig(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
-		f := &fakeFS{fail: map[int]int32{0: -int32(unix.ENOTDIR), 1: -int32(unix.EEXIST), 2: -int32(unix.ENOTDIR)}}
-		phases := f.run(t, &p)
-		require.Equal(t, StatusFailed, p.Status)
-		assert.ErrorIs(t, p.Err, syscall.ENOTDIR)
-		assert.Equal(t, []StepOp{StepOpen, StepMkdir, StepOpen}, f.calls, "nothing ran after the check")
-		assert.Len(t, phases, 2)
-		assert.Contains(t, p.Err.Error(), "openat /ns/"+string(FanoutLayout{}.AppendDir(nil, key)[:2]))
-	})
 	t.Run("other-errors-not-retried", func(t *testing.T) {
 		var p Program
 		require.NoError(t, p.Start(testConfig(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
@@ -731,20 +721,25 @@ func TestProgramStoreFailures(t *testing.T) {
 		assert.Equal(t, []StepOp{StepMkdir, StepOpen, StepClose, StepMkdir, StepOpen, StepClose, StepOpen, StepWrite, StepWrite, StepClose, StepRename}, phases[1])
 		assert.True(t, p.Renew, "the engine is told to look at its namespace directory")
 	})
-	t.Run("symlinked-directory", func(t *testing.T) {
-		// The first try's open, which follows no link, fails (ELOOP); the
-		// check of the first level finds the link: the chain stops before
-		// the MKDIR below it and before anything is created.
-		var p Program
-		require.NoError(t, p.Start(testConfig(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
-		f := &fakeFS{dirLink: true}
-		phases := f.run(t, &p)
-		require.Equal(t, StatusFailed, p.Status)
-		assert.ErrorIs(t, p.Err, syscall.ELOOP)
-		assert.Equal(t, []StepOp{StepOpen, StepMkdir, StepOpen}, f.calls, "nothing ran after the check")
-		assert.Len(t, phases, 2)
-		assert.Contains(t, p.Err.Error(), "openat /ns/"+string(FanoutLayout{}.AppendDir(nil, key)[:2]))
-	})
+	for _, tc := range []struct {
+		name  string
+		f     *fakeFS
+		errno syscall.Errno
+	}{{"symlinked-directory", &fakeFS{dirLink: true}, syscall.ELOOP}, {"file-in-place-of-a-directory", &fakeFS{dirFile: true}, syscall.ENOTDIR}} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The first try's open, which follows no link, fails; the check
+			// of the first level says why: the chain stops before the MKDIR
+			// below it and before anything is created.
+			var p Program
+			require.NoError(t, p.Start(testConfig(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
+			phases := tc.f.run(t, &p)
+			require.Equal(t, StatusFailed, p.Status)
+			assert.ErrorIs(t, p.Err, tc.errno)
+			assert.Equal(t, []StepOp{StepOpen, StepMkdir, StepOpen}, tc.f.calls, "nothing ran after the check")
+			assert.Len(t, phases, 2)
+			assert.Contains(t, p.Err.Error(), "openat /ns/"+string(FanoutLayout{}.AppendDir(nil, key)[:2]))
+		})
+	}
 	t.Run("full-durability-syncs-directories", func(t *testing.T) {
 		var p Program
 		require.NoError(t, p.Start(testConfig(DurabilityFull), OpStore, key, payload, make([]byte, HeaderSize), false))
