@@ -74,6 +74,9 @@ func runChild(role, root string) error {
 		}
 		return putAndCheck(s, 0)
 	case "kill":
+		// Writes of at most a header's size: the header is written
+		// alone, not in one write with the payload.
+		RWMax = HeaderSize
 		writes := 0
 		s.hooks = &testHooks{write: func([]byte) error {
 			if writes++; writes == 2 {

@@ -103,7 +103,7 @@ func (s *Store) openNamespace(nsDir string) (int, error) {
 func (s *Store) call(p *Program, dirfd int, st *Step) int32 {
 	if h := s.hooks; h != nil {
 		switch {
-		case st.Op == StepWrite && h.write != nil:
+		case (st.Op == StepWrite || st.Op == StepWritev) && h.write != nil:
 			if err := h.write(st.Buf); err != nil {
 				return -int32(err.(syscall.Errno))
 			}

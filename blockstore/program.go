@@ -82,9 +82,10 @@ const (
 	StepMkdir                // mkdirat(dir, Path, 0755)
 	StepRename               // renameat(dir, Path, dir or AT_FDCWD when Abs2, Path2)
 	StepUnlink               // unlinkat(dir, Path, 0)
+	StepWritev               // pwritev(file, Vec, Off)
 )
 
-var stepOpNames = [...]string{"statx", "openat", "read", "readv", "write", "fsync", "close", "mkdirat", "renameat", "unlinkat"}
+var stepOpNames = [...]string{"statx", "openat", "read", "readv", "write", "fsync", "close", "mkdirat", "renameat", "unlinkat", "writev"}
 
 // String returns the system call's name, as errors name it.
 func (o StepOp) String() string { return stepOpNames[o] }
@@ -140,7 +141,7 @@ type Step struct {
 	// request and a completion per lookup.
 	Probe bool
 	Buf   []byte       // a read's or write's memory
-	Vec   []unix.Iovec // a vectored read's memory, in the program's memory
+	Vec   []unix.Iovec // a vectored read's or write's memory, in the program's memory
 	Off   int64        // a read's or write's file offset
 	Res   int32        // the result: what the system call returned, or -errno
 	Data  bool         // an FSYNC of file data only (fdatasync): the file is new, its size is data
@@ -157,13 +158,13 @@ func (s *Step) Failed() bool {
 		return true
 	case s.Op == StepRead || s.Op == StepWrite:
 		return int(s.Res) < len(s.Buf)
-	case s.Op == StepReadv:
+	case s.Op == StepReadv || s.Op == StepWritev:
 		return int64(s.Res) < s.VecLen()
 	}
 	return false
 }
 
-// VecLen is the bytes a vectored read asks for.
+// VecLen is the bytes a vectored read or write asks for.
 func (s *Step) VecLen() int64 {
 	n := int64(0)
 	for _, v := range s.Vec {
@@ -266,7 +267,7 @@ type Program struct {
 	tmp   [PathMax]byte // a store's temporary file
 	dirs  [PathMax]byte // directories to create or sync, each NUL-terminated
 	qpath [quarantinePathMax]byte
-	iov   [3]unix.Iovec // a load's vectored read: header, payload, past the end
+	iov   [3]unix.Iovec // a load's vectored read (header, payload, past the end), a store's write (header, payload)
 }
 
 // progress is a program's state between phases: small, so that Start

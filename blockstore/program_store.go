@@ -94,13 +94,34 @@ func (p *Program) layExists() {
 // layStoreRest writes what is left of the header and the payload (at most
 // ChunksMax payload writes in a phase), then syncs, closes and publishes.
 func (p *Program) layStoreRest() {
-	if n := p.hdrDone; n < p.cfg.Format.PayloadOffset() {
+	off := p.cfg.Format.PayloadOffset()
+	switch n := p.hdrDone; {
+	case n == 0 && off > 0 && p.payDone == 0 && len(p.buf) > 0 && off+int64(len(p.buf)) <= int64(RWMax):
+		// Header and payload in one write: one request instead of two,
+		// and one allocation of the file's blocks (an O_DIRECT write of a
+		// new file is handed to a kernel worker). A short write writes
+		// the rest in the next phase, a write each. tierbench store (64
+		// KiB, O_DIRECT), 4 interleaved rounds against a write each:
+		// io_uring 1.21x keys/s and 0.86x CPU a key, sync engine 0.79x
+		// CPU a key (medians); 2 MiB, 3 rounds: 0.93x CPU a key.
+		p.iov[0] = unix.Iovec{Base: &p.hdr[0], Len: uint64(off)}
+		p.iov[1] = unix.Iovec{Base: &p.buf[0], Len: uint64(len(p.buf))}
+		s := p.add(StepWritev, roleWhole, LinkOnSuccess)
+		s.Vec = p.iov[:2]
+		p.layPublish()
+		return
+	case n < off:
 		s := p.add(StepWrite, roleHeader, LinkOnSuccess)
 		s.Buf, s.Off = p.hdr[n:], n
 	}
 	if p.layChunks(StepWrite) < int64(len(p.buf)) {
 		return // the next phase writes on
 	}
+	p.layPublish()
+}
+
+// layPublish syncs, closes and renames the written temporary file.
+func (p *Program) layPublish() {
 	if p.cfg.Durability >= DurabilityData {
 		p.add(StepFsync, roleSync, LinkOnSuccess).Data = true
 	}
@@ -148,7 +169,7 @@ func (p *Program) firstFailure() (int, error) {
 		case s.Op == StepMkdir && (s.Res >= 0 || s.Res == -int32(unix.EEXIST)):
 		case s.Res < 0:
 			return k, syscall.Errno(-s.Res)
-		case s.Op == StepWrite && int(s.Res) < len(s.Buf):
+		case (s.Op == StepWrite || s.Op == StepWritev) && s.Failed():
 			return k, errShort
 		}
 	}
@@ -179,6 +200,10 @@ func (p *Program) judgeStore() bool {
 			opened = s.Res >= 0
 		case s.role == roleMkdir && s.Res == 0:
 			p.created = true
+		case s.Op == StepWritev && s.Res > 0:
+			h := min(int64(s.Res), p.cfg.Format.PayloadOffset()-p.hdrDone)
+			p.hdrDone += h
+			p.payDone += int64(s.Res) - h
 		case s.Op == StepWrite && s.Res > 0 && s.role == roleHeader:
 			p.hdrDone += int64(s.Res)
 		case s.Op == StepWrite && s.Res > 0:

@@ -58,6 +58,8 @@ func (f *fakeFS) call(p *Program, s *Step) int32 {
 			f.noMkdir = true
 		case r > 0 && s.Op == StepWrite:
 			f.tmp = append(f.tmp[:min(int64(len(f.tmp)), s.Off)], s.Buf[:r]...)
+		case r > 0 && s.Op == StepWritev:
+			f.tmp = append(f.tmp[:min(int64(len(f.tmp)), s.Off)], vecBytes(s)[:r]...)
 		case r > 0 && s.Op == StepRead:
 			copy(s.Buf[:r], f.file[s.Off:])
 		case r > 0 && s.Op == StepReadv:
@@ -105,12 +107,16 @@ func (f *fakeFS) call(p *Program, s *Step) int32 {
 		return int32(copy(s.Buf, f.file[s.Off:]))
 	case StepReadv:
 		return int32(readVec(f.file, s))
-	case StepWrite:
-		end := s.Off + int64(len(s.Buf))
+	case StepWrite, StepWritev:
+		b := s.Buf
+		if s.Op == StepWritev {
+			b = vecBytes(s)
+		}
+		end := s.Off + int64(len(b))
 		if int64(len(f.tmp)) < end {
 			f.tmp = append(f.tmp, make([]byte, end-int64(len(f.tmp)))...)
 		}
-		return int32(copy(f.tmp[s.Off:], s.Buf))
+		return int32(copy(f.tmp[s.Off:], b))
 	case StepRename:
 		if s.role == rolePublish {
 			f.file = append([]byte(nil), f.tmp...)
@@ -124,6 +130,15 @@ func (f *fakeFS) call(p *Program, s *Step) int32 {
 		}
 	}
 	return 0
+}
+
+// vecBytes returns the bytes a vectored write writes, in order.
+func vecBytes(s *Step) []byte {
+	var b []byte
+	for _, v := range s.Vec {
+		b = append(b, unsafe.Slice(v.Base, v.Len)...)
+	}
+	return b
 }
 
 // readVec reads file from s.Off into s.Vec's buffers in turn, as preadv
@@ -641,7 +656,7 @@ func TestProgramStoreFailures(t *testing.T) {
 		f := &fakeFS{}
 		phases := f.run(t, &p)
 		require.Equal(t, StatusStored, p.Status, "%v", p.Err)
-		assert.Equal(t, [][]StepOp{{StepOpen, StepWrite, StepWrite, StepClose, StepRename}}, phases)
+		assert.Equal(t, [][]StepOp{{StepOpen, StepWritev, StepClose, StepRename}}, phases)
 		assert.True(t, p.cfg.Dirs.Known(p.cfg.Layout.AppendDir(nil, key)), "the directory is remembered")
 	})
 	t.Run("new-directories-made", func(t *testing.T) {
@@ -650,8 +665,8 @@ func TestProgramStoreFailures(t *testing.T) {
 		f := &fakeFS{noDirs: true}
 		phases := f.run(t, &p)
 		require.Equal(t, StatusStored, p.Status, "%v", p.Err)
-		assert.Equal(t, [][]StepOp{{StepOpen, StepWrite, StepWrite, StepClose, StepRename},
-			{StepMkdir, StepOpen, StepClose, StepMkdir, StepOpen, StepClose, StepOpen, StepWrite, StepWrite, StepClose, StepRename}}, phases)
+		assert.Equal(t, [][]StepOp{{StepOpen, StepWritev, StepClose, StepRename},
+			{StepMkdir, StepOpen, StepClose, StepMkdir, StepOpen, StepClose, StepOpen, StepWritev, StepClose, StepRename}}, phases)
 		assert.False(t, p.Renew, "a directory not made yet is no sign of a replaced namespace directory")
 	})
 	t.Run("other-errors-not-retried", func(t *testing.T) {
@@ -672,8 +687,8 @@ func TestProgramStoreFailures(t *testing.T) {
 	t.Run("close-fails-after-writes", func(t *testing.T) {
 		var p Program
 		require.NoError(t, p.Start(known(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
-		f := &fakeFS{fail: map[int]int32{3: -int32(unix.EIO)}}
-		require.Equal(t, StepClose, p.Steps[3].Op)
+		f := &fakeFS{fail: map[int]int32{2: -int32(unix.EIO)}}
+		require.Equal(t, StepClose, p.Steps[2].Op)
 		phases := f.run(t, &p)
 		require.Equal(t, StatusFailed, p.Status)
 		assert.Contains(t, p.Err.Error(), "close /ns/")
@@ -683,27 +698,37 @@ func TestProgramStoreFailures(t *testing.T) {
 	t.Run("rename-fails", func(t *testing.T) {
 		var p Program
 		require.NoError(t, p.Start(known(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
-		f := &fakeFS{fail: map[int]int32{4: -int32(unix.EXDEV)}}
+		f := &fakeFS{fail: map[int]int32{3: -int32(unix.EXDEV)}}
 		phases := f.run(t, &p)
 		require.Equal(t, StatusFailed, p.Status)
 		assert.ErrorIs(t, p.Err, syscall.EXDEV)
 		assert.Equal(t, []StepOp{StepUnlink}, phases[1])
 	})
-	t.Run("short-write-continues", func(t *testing.T) {
-		var p Program
-		require.NoError(t, p.Start(known(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
-		f := &fakeFS{fail: map[int]int32{2: 100}} // the payload write moves 100 bytes
-		phases := f.run(t, &p)
-		require.Equal(t, StatusStored, p.Status, "%v", p.Err)
-		assert.True(t, bytes.Equal(blockFile(key, payload), f.file), "the file holds the block")
-		assert.Equal(t, []StepOp{StepWrite, StepClose, StepRename}, phases[1])
-	})
+	for _, tc := range []struct {
+		name  string
+		moved int32 // by the WRITEV of header and payload
+		rest  []StepOp
+	}{
+		{"short-write-continues", HeaderSize + 100, []StepOp{StepWrite, StepClose, StepRename}},
+		{"short-write-in-the-header", 100, []StepOp{StepWrite, StepWrite, StepClose, StepRename}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var p Program
+			require.NoError(t, p.Start(known(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
+			require.Equal(t, StepWritev, p.Steps[1].Op, "header and payload in one write")
+			f := &fakeFS{fail: map[int]int32{1: tc.moved}}
+			phases := f.run(t, &p)
+			require.Equal(t, StatusStored, p.Status, "%v", p.Err)
+			assert.True(t, bytes.Equal(blockFile(key, payload), f.file), "the file holds the block")
+			assert.Equal(t, tc.rest, phases[1], "the rest written a write each")
+		})
+	}
 	t.Run("short-write-then-enospc", func(t *testing.T) {
 		var p Program
 		require.NoError(t, p.Start(known(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
-		// Calls: OPEN WRITE WRITE(100 bytes), then WRITE(ENOSPC); the steps
-		// a failure cancels make no call.
-		f := &fakeFS{fail: map[int]int32{2: 100, 3: -int32(unix.ENOSPC)}}
+		// Calls: OPEN WRITEV(the header and 100 bytes), then WRITE(ENOSPC);
+		// the steps a failure cancels make no call.
+		f := &fakeFS{fail: map[int]int32{1: HeaderSize + 100, 2: -int32(unix.ENOSPC)}}
 		phases := f.run(t, &p)
 		require.Equal(t, StatusFailed, p.Status)
 		assert.ErrorIs(t, p.Err, syscall.ENOSPC)
@@ -718,7 +743,7 @@ func TestProgramStoreFailures(t *testing.T) {
 		f := &fakeFS{fail: map[int]int32{0: -int32(unix.ENOENT)}}
 		phases := f.run(t, &p)
 		require.Equal(t, StatusStored, p.Status, "%v", p.Err)
-		assert.Equal(t, []StepOp{StepMkdir, StepOpen, StepClose, StepMkdir, StepOpen, StepClose, StepOpen, StepWrite, StepWrite, StepClose, StepRename}, phases[1])
+		assert.Equal(t, []StepOp{StepMkdir, StepOpen, StepClose, StepMkdir, StepOpen, StepClose, StepOpen, StepWritev, StepClose, StepRename}, phases[1])
 		assert.True(t, p.Renew, "the engine is told to look at its namespace directory")
 	})
 	for _, tc := range []struct {

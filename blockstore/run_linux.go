@@ -94,6 +94,10 @@ func (p *Program) call1(dir int, s *Step) (uintptr, syscall.Errno) {
 	case StepWrite:
 		n, err := unix.Pwrite(p.fd, s.Buf, s.Off)
 		return uintptr(n), errnoOf(err)
+	case StepWritev:
+		lo, hi := uintptr(s.Off), uintptr(uint64(s.Off)>>(bits.UintSize/2)>>(bits.UintSize/2))
+		r, _, e := unix.Syscall6(unix.SYS_PWRITEV, uintptr(p.fd), uintptr(unsafe.Pointer(unsafe.SliceData(s.Vec))), uintptr(len(s.Vec)), lo, hi, 0)
+		return r, e
 	case StepFsync:
 		if s.Data {
 			return 0, errnoOf(unix.Fdatasync(p.fd))

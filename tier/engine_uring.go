@@ -370,6 +370,10 @@ func (b *uringBackend) prepare(i int32) {
 			s.PrepareReadv(int(slot), st.Vec, uint64(st.Off))
 			s.Flags |= uring.SQEFixedFile | b.rw
 			b.queued += int(st.VecLen())
+		case blockstore.StepWritev:
+			s.PrepareWritev(int(slot), st.Vec, uint64(st.Off))
+			s.Flags |= uring.SQEFixedFile | b.rw
+			b.queued += int(st.VecLen())
 		case blockstore.StepFsync:
 			s.PrepareFsync(int(slot), st.Data)
 			s.Flags |= uring.SQEFixedFile

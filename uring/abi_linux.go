@@ -78,6 +78,7 @@ type Opcode uint8
 const (
 	OpNop         Opcode = 0  // IORING_OP_NOP
 	OpReadv       Opcode = 1  // IORING_OP_READV
+	OpWritev      Opcode = 2  // IORING_OP_WRITEV
 	OpFsync       Opcode = 3  // IORING_OP_FSYNC
 	OpReadFixed   Opcode = 4  // IORING_OP_READ_FIXED
 	OpWriteFixed  Opcode = 5  // IORING_OP_WRITE_FIXED
@@ -95,7 +96,7 @@ const (
 )
 
 var opcodeNames = [...]string{
-	OpNop: "NOP", OpReadv: "READV", OpFsync: "FSYNC", OpReadFixed: "READ_FIXED", OpWriteFixed: "WRITE_FIXED",
+	OpNop: "NOP", OpReadv: "READV", OpWritev: "WRITEV", OpFsync: "FSYNC", OpReadFixed: "READ_FIXED", OpWriteFixed: "WRITE_FIXED",
 	OpAsyncCancel: "ASYNC_CANCEL", OpLinkTimeout: "LINK_TIMEOUT", OpOpenat: "OPENAT",
 	OpClose: "CLOSE", OpStatx: "STATX", OpOpenat2: "OPENAT2", OpRead: "READ", OpWrite: "WRITE",
 	OpRenameat: "RENAMEAT", OpUnlinkat: "UNLINKAT", OpMkdirat: "MKDIRAT",

@@ -127,6 +127,13 @@ func (s *SQE) PrepareReadv(fd int, iov []unix.Iovec, off uint64) {
 	s.prepRW(OpReadv, int32(fd), ptrAddr(unsafe.SliceData(iov)), uint32(len(iov)), off)
 }
 
+// PrepareWritev prepares IORING_OP_WRITEV of the buffers of iov at offset
+// off: one write of them in turn. The iovecs and their buffers follow the
+// memory rule.
+func (s *SQE) PrepareWritev(fd int, iov []unix.Iovec, off uint64) {
+	s.prepRW(OpWritev, int32(fd), ptrAddr(unsafe.SliceData(iov)), uint32(len(iov)), off)
+}
+
 // PrepareWrite prepares IORING_OP_WRITE of buf at offset off.
 func (s *SQE) PrepareWrite(fd int, buf []byte, off uint64) {
 	s.prepRW(OpWrite, int32(fd), bytesAddr(buf), uint32(len(buf)), off)

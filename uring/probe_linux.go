@@ -10,7 +10,7 @@ import (
 // RequiredOps are the opcodes the storage tier needs. RENAMEAT and
 // UNLINKAT arrived in 5.11, MKDIRAT in 5.15; sparse fixed-file tables and
 // their CLOSE in 5.19, which is why that is the minimum for this path.
-var RequiredOps = []Opcode{OpNop, OpStatx, OpOpenat, OpOpenat2, OpClose, OpRead, OpReadv, OpWrite, OpReadFixed, OpWriteFixed,
+var RequiredOps = []Opcode{OpNop, OpStatx, OpOpenat, OpOpenat2, OpClose, OpRead, OpReadv, OpWrite, OpWritev, OpReadFixed, OpWriteFixed,
 	OpFsync, OpRenameat, OpUnlinkat, OpMkdirat, OpLinkTimeout, OpAsyncCancel}
 
 // Probe reports which opcodes the kernel supports (IORING_REGISTER_PROBE).

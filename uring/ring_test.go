@@ -202,6 +202,16 @@ func TestOpenReadWriteCloseFsync(t *testing.T) {
 	assert.Equal(t, "llo, ring", string(v0)+string(v1))
 	assert.Equal(t, []byte{9, 9}, v2)
 
+	// A vectored write writes its buffers in turn.
+	w0, w1 := []byte("HEL"), []byte("LO")
+	s = getSQE(t, r)
+	s.PrepareWritev(fd, []unix.Iovec{{Base: &w0[0], Len: 3}, {Base: &w1[0], Len: 2}}, 0)
+	s.UserData = 8
+	assert.Equal(t, int32(5), run(t, r, 1)[8].Res)
+	got2, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, "HELLO, ring", string(got2))
+
 	s = getSQE(t, r)
 	s.PrepareClose(fd)
 	s.UserData = 6
