@@ -177,40 +177,42 @@ func flipByte(t *testing.T, path string, off int64) {
 	require.NoError(t, err)
 }
 
-// TestPutFailureLeavesNothing injects ENOSPC into each write of a Put and
-// checks that the error reaches the caller and no file remains.
+// TestPutFailureLeavesNothing injects ENOSPC into each write of a Put (one
+// of header and payload; with writes of at most RWMax = 256 KiB, the header
+// alone, then the payload in four) and checks that the error reaches the
+// caller and no file remains.
 func TestPutFailureLeavesNothing(t *testing.T) {
 	key := testKey(1, 32)
-	// How many writes a Put makes (one of header and payload, as laid out
-	// now): each is failed in turn.
-	s := openTestStore(t, Options{Durability: DurabilityData})
-	writesPerPut := 0
-	s.hooks = &testHooks{write: func([]byte) error { writesPerPut++; return nil }}
-	require.NoError(t, s.Put("ns", key, testPayload(key, 1<<20)))
-	require.Positive(t, writesPerPut)
-	for failAt := range writesPerPut {
-		t.Run(fmt.Sprintf("write=%d", failAt), func(t *testing.T) {
-			s := openTestStore(t, Options{Durability: DurabilityData})
-			writes, injected := 0, 0
-			s.hooks = &testHooks{write: func([]byte) error {
-				writes++
-				if writes-1 == failAt {
-					injected++
-					return unix.ENOSPC
-				}
-				return nil
-			}}
-			err := s.Put("ns", key, testPayload(key, 1<<20))
-			require.ErrorIs(t, err, unix.ENOSPC)
-			assert.Equal(t, 1, injected, "fault fired")
-			assert.Empty(t, listFiles(t, s.Root()))
-			ok, err := s.Has("ns", key)
-			require.NoError(t, err)
-			assert.False(t, ok)
+	old := RWMax
+	t.Cleanup(func() { RWMax = old })
+	for _, tc := range []struct{ rwMax, writes int }{{old, 1}, {256 << 10, 5}} {
+		RWMax = tc.rwMax
+		for failAt := range tc.writes {
+			t.Run(fmt.Sprintf("rwmax=%d/write=%d", tc.rwMax, failAt), func(t *testing.T) {
+				s := openTestStore(t, Options{Durability: DurabilityData})
+				writes, injected := 0, 0
+				s.hooks = &testHooks{write: func([]byte) error {
+					writes++
+					if writes-1 == failAt {
+						injected++
+						return unix.ENOSPC
+					}
+					return nil
+				}}
+				err := s.Put("ns", key, testPayload(key, 1<<20))
+				require.ErrorIs(t, err, unix.ENOSPC)
+				assert.Equal(t, 1, injected, "fault fired")
+				assert.Empty(t, listFiles(t, s.Root()))
+				ok, err := s.Has("ns", key)
+				require.NoError(t, err)
+				assert.False(t, ok)
 
-			s.hooks = nil
-			require.NoError(t, s.Put("ns", key, testPayload(key, 1<<20)))
-		})
+				writes = 0
+				s.hooks.write = func([]byte) error { writes++; return nil }
+				require.NoError(t, s.Put("ns", key, testPayload(key, 1<<20)))
+				assert.Equal(t, tc.writes, writes, "writes of a whole Put")
+			})
+		}
 	}
 }
 
