@@ -24,8 +24,9 @@ func (p *Program) layStore() {
 	if len(tmp) > len(p.tmp) || 2*len(dir)+2 > len(p.dirs) {
 		panic("blockstore: block path longer than PathMax") // Start checked the block's path
 	}
-	p.tryDirs = len(dir) > 0 && !p.cfg.Dirs.Known(dir) && !p.mkdirs
-	if len(dir) > 0 && !p.cfg.Dirs.Known(dir) && p.mkdirs {
+	unseen := len(dir) > 0 && !p.cfg.Dirs.Known(dir)
+	p.tryDirs = unseen && !p.mkdirs
+	if unseen && p.mkdirs {
 		// A directory not seen yet is usually there (made by another
 		// process, or by this one before a restart), and the temporary
 		// file's open, which follows no link, is check enough: a first

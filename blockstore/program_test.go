@@ -601,10 +601,11 @@ func TestProgramStoreFailures(t *testing.T) {
 	key := testKey(3, 32)
 	payload := testPayload(key, 2*HeaderSize)
 	for _, d := range []Durability{DurabilityNone, DurabilityData, DurabilityFull} {
-		// In directories not seen yet, that are there: OPEN tmp, WRITE,
-		// WRITE, [FSYNC,] CLOSE, RENAME. In new ones, that first OPEN
-		// fails (ENOENT) and the second phase makes them: MKDIR,
-		// OPEN+CLOSE (the check), MKDIR, OPEN+CLOSE, then the same.
+		// In directories not seen yet, that are there: OPEN tmp, WRITEV,
+		// [FSYNC,] CLOSE, RENAME; an error of that OPEN (EIO) is not
+		// retried. In new ones, that first OPEN fails (ENOENT) and the
+		// second phase makes them: MKDIR, OPEN+CLOSE (the check), MKDIR,
+		// OPEN+CLOSE, then the same.
 		for _, newDirs := range []bool{false, true} {
 			var p Program
 			require.NoError(t, p.Start(testConfig(d), OpStore, key, payload, make([]byte, HeaderSize), false))
@@ -669,16 +670,7 @@ func TestProgramStoreFailures(t *testing.T) {
 			{StepMkdir, StepOpen, StepClose, StepMkdir, StepOpen, StepClose, StepOpen, StepWritev, StepClose, StepRename}}, phases)
 		assert.False(t, p.Renew, "a directory not made yet is no sign of a replaced namespace directory")
 	})
-	t.Run("other-errors-not-retried", func(t *testing.T) {
-		var p Program
-		require.NoError(t, p.Start(testConfig(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
-		f := &fakeFS{fail: map[int]int32{0: -int32(unix.EACCES)}}
-		phases := f.run(t, &p)
-		require.Equal(t, StatusFailed, p.Status)
-		assert.ErrorIs(t, p.Err, syscall.EACCES)
-		assert.Len(t, phases, 1)
-	})
-	// In a known directory: OPEN WRITE WRITE CLOSE RENAME.
+	// In a known directory: OPEN WRITEV CLOSE RENAME.
 	known := func(d Durability) *Config {
 		cfg := testConfig(d)
 		cfg.Dirs.Remember(cfg.Layout.AppendDir(nil, key))

@@ -86,18 +86,12 @@ func (p *Program) call1(dir int, s *Step) (uintptr, syscall.Errno) {
 		n, err := unix.Pread(p.fd, s.Buf, s.Off)
 		return uintptr(n), errnoOf(err)
 	case StepReadv:
-		// The offset in two halves of a long, as preadv(2)'s raw call
-		// takes it (the high half is 0 on 64-bit systems).
-		lo, hi := uintptr(s.Off), uintptr(uint64(s.Off)>>(bits.UintSize/2)>>(bits.UintSize/2))
-		r, _, e := unix.Syscall6(unix.SYS_PREADV, uintptr(p.fd), uintptr(unsafe.Pointer(unsafe.SliceData(s.Vec))), uintptr(len(s.Vec)), lo, hi, 0)
-		return r, e
+		return p.vectored(unix.SYS_PREADV, s)
 	case StepWrite:
 		n, err := unix.Pwrite(p.fd, s.Buf, s.Off)
 		return uintptr(n), errnoOf(err)
 	case StepWritev:
-		lo, hi := uintptr(s.Off), uintptr(uint64(s.Off)>>(bits.UintSize/2)>>(bits.UintSize/2))
-		r, _, e := unix.Syscall6(unix.SYS_PWRITEV, uintptr(p.fd), uintptr(unsafe.Pointer(unsafe.SliceData(s.Vec))), uintptr(len(s.Vec)), lo, hi, 0)
-		return r, e
+		return p.vectored(unix.SYS_PWRITEV, s)
 	case StepFsync:
 		if s.Data {
 			return 0, errnoOf(unix.Fdatasync(p.fd))
@@ -125,6 +119,15 @@ func (p *Program) call1(dir int, s *Step) (uintptr, syscall.Errno) {
 		return 0, e
 	}
 	panic("blockstore: unknown step")
+}
+
+// vectored runs preadv or pwritev (trap) of s.Vec at s.Off on the
+// program's file, the offset in two halves of a long, as the raw calls
+// take it (the high half is 0 on 64-bit systems).
+func (p *Program) vectored(trap uintptr, s *Step) (uintptr, syscall.Errno) {
+	lo, hi := uintptr(s.Off), uintptr(uint64(s.Off)>>(bits.UintSize/2)>>(bits.UintSize/2))
+	r, _, e := unix.Syscall6(trap, uintptr(p.fd), uintptr(unsafe.Pointer(unsafe.SliceData(s.Vec))), uintptr(len(s.Vec)), lo, hi, 0)
+	return r, e
 }
 
 func errnoOf(err error) syscall.Errno {
