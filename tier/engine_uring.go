@@ -39,15 +39,17 @@ import (
 // The owner executes blockstore's programs: each step of a
 // phase becomes one SQE, linked as the step says (LinkOnSuccess is
 // IOSQE_IO_LINK, LinkAlways IOSQE_IO_HARDLINK), with user_data op index <<
-// 8 | step. Op i's file is fixed-file slot i.
+// 8 | step. Op i's file is fixed-file slot i. A LinkOnSuccess step posts
+// no completion when it succeeds (cqeSkips): the next one posted says how
+// it went.
 //
 // Invariants: a phase is submitted whole (reserve makes room for StepsMax
 // SQEs first; the kernel does not carry a link across two submissions, and
 // a split store chain once ran its RENAMEAT after a failed WRITE). Handling
 // a completion only records it: SQEs are prepared after the batch of
 // completions is handled, never while reaping, so reaping never re-enters
-// itself. A completion names an op in use, a step of its current phase,
-// and a phase with results pending. A violated invariant or an error of
+// itself. A completion names an op in use and a step of its current
+// phase without a result. A violated invariant or an error of
 // the ring itself fails the tier (ErrBroken to every key and submit), never
 // the process embedding it.
 
@@ -74,7 +76,9 @@ type uringBackend struct {
 	hdrLen    int                  // each program's header memory: ScratchSize (vectored loads) or HeaderSize
 	progs     []blockstore.Program // op i's program; pinned: SQEs point into it until their CQEs
 	dirFD     []int                // the namespace directory op i resolves its paths beneath, for all its phases
-	pending   []uint8              // op i's steps without a completion
+	await     []uint16             // op i's steps of its current phase without a result, a bit each
+	skips     []uint16             // op i's steps whose success posts no completion (IOSQE_CQE_SKIP_SUCCESS)
+	cqeSkip   bool                 // the kernel has IOSQE_CQE_SKIP_SUCCESS
 	pinner    runtime.Pinner
 	hdrs      []byte // OpsMax header buffers of ScratchSize, mmap'd (aligned); registered buffer 0
 	cqes      []uring.CQE
@@ -103,6 +107,13 @@ var ringFault func(sqes uint32) error
 // so that a test can fill them.
 var ringSize uint32
 
+// noCQESkip, when set (by tests), makes every step post its completion,
+// as on a kernel without IOSQE_CQE_SKIP_SUCCESS.
+var noCQESkip bool
+
+// A phase's steps fit the await and skips bit sets.
+const _ = uint16(1<<blockstore.StepsMax - 1)
+
 var _ backend = (*uringBackend)(nil)
 
 // newURingBackend sets up shard s's ring, on its owner goroutine.
@@ -112,7 +123,7 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	// SQEs) without submitting mid-way.
 	entries := uint32(min(8192, max(64, 4*n)))
 	b := &uringBackend{t: t, s: s, ns: t.ns, direct: t.engine.Direct,
-		progs: make([]blockstore.Program, n), dirFD: make([]int, n), pending: make([]uint8, n),
+		progs: make([]blockstore.Program, n), dirFD: make([]int, n), await: make([]uint16, n), skips: make([]uint16, n),
 		cqes: make([]uring.CQE, 256), wakeC: make(chan struct{}, 1), timer: time.NewTimer(time.Hour)}
 	b.timer.Stop()
 	b.hdrLen = blockstore.ScratchSize
@@ -174,6 +185,7 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	if b.ring, err = uring.New(entries, ropts); err != nil {
 		return nil, fmt.Errorf("tier: %w", err)
 	}
+	b.cqeSkip = b.ring.Features()&uring.FeatCQESkip != 0 && !noCQESkip
 	if _, _, err = b.ring.SetIOWQMaxWorkers(uint32(t.opts.WorkersMax), uint32(t.opts.WorkersMax)); err != nil {
 		return nil, fmt.Errorf("tier: %w", err)
 	}
@@ -279,7 +291,7 @@ func (b *uringBackend) fail(err error) {
 		b.doneQ = append(b.doneQ, int32(i))
 	}
 	b.next, b.recancel, b.rearm = b.next[:0], b.recancel[:0], false
-	clear(b.pending)
+	clear(b.await)
 }
 
 // ud is the user_data of op i's step.
@@ -346,6 +358,10 @@ func (b *uringBackend) prepare(i int32) {
 		return // fail has decided the op
 	}
 	p, dir, slot := &b.progs[i], b.dirFD[i], uint32(i)
+	var skips uint16
+	if b.cqeSkip {
+		skips = cqeSkips(p)
+	}
 	for k := range p.N {
 		st := &p.Steps[k]
 		s := b.ring.GetSQE()
@@ -396,9 +412,12 @@ func (b *uringBackend) prepare(i int32) {
 		case blockstore.LinkAlways:
 			s.Flags |= uring.SQEIOHardlink
 		}
+		if skips&(1<<k) != 0 {
+			s.Flags |= uring.SQECQESkipSuccess
+		}
 		s.UserData = ud(i, k)
 	}
-	b.pending[i] = uint8(p.N)
+	b.await[i], b.skips[i] = 1<<p.N-1, skips
 	if b.ring.Pending() >= b.chunk || b.queued >= submitBytes {
 		// Inline opens and page-cache copies run in io_uring_enter,
 		// holding the owner's P: hand over what is queued now, at the
@@ -510,15 +529,13 @@ func (b *uringBackend) handle(c uring.CQE) {
 	if b.broken != nil {
 		return
 	}
-	if int(i) >= len(b.progs) || step >= b.progs[i].N || b.pending[i] == 0 || !b.s.ops[i].inUse {
+	if int(i) >= len(b.progs) || step >= b.progs[i].N || b.await[i]&(1<<step) == 0 || !b.s.ops[i].inUse {
 		b.fail(fmt.Errorf("completion for op %d step %d, not a step in flight", i, step))
 		return
 	}
 	p := &b.progs[i]
-	p.Steps[step].Res = c.Res
-	b.pending[i]--
 	switch {
-	case b.pending[i] == 0:
+	case b.complete(i, step, c.Res):
 		b.evaluate(i)
 	case p.Canceled && step+1 < p.N:
 		// A hard link started the next step after the canceled one, and
@@ -526,6 +543,70 @@ func (b *uringBackend) handle(c uring.CQE) {
 		// again for what follows, once the batch is handled.
 		b.recancel = append(b.recancel, i, int32(step+1))
 	}
+}
+
+// cqeSkips returns the steps of p's phase that post no completion when
+// they succeed (IOSQE_CQE_SKIP_SUCCESS): every LinkOnSuccess step. A
+// whole store is then one completion (its RENAME) instead of four, and
+// one wake of the owner from the kernel worker that ran it. Such a step
+// that fails posts its completion, and the kernel posts none for the rest
+// of its chain, which it cancels (complete fills them in). A LinkAlways
+// step posts its own (its failure cancels nothing), and so does the last
+// step of a chain.
+func cqeSkips(p *blockstore.Program) uint16 {
+	var skips uint16
+	for k := range p.N {
+		if p.Steps[k].Link == blockstore.LinkOnSuccess {
+			skips |= 1 << k
+		}
+	}
+	return skips
+}
+
+// complete records step k's result res, and what it implies for the steps
+// of its chain that skip their completions: before k, they succeeded (the
+// chain went on to k); after k, if k skips its completion on success (so
+// it failed), the kernel canceled them and posts nothing for them. It
+// reports whether op i's phase has every result.
+func (b *uringBackend) complete(i int32, k int, res int32) bool {
+	p := &b.progs[i]
+	p.Steps[k].Res = res
+	b.await[i] &^= 1 << k
+	if b.skips[i] == 0 {
+		return b.await[i] == 0
+	}
+	first, last := k, k
+	for first > 0 && p.Steps[first-1].Link != blockstore.LinkNone {
+		first--
+	}
+	for p.Steps[last].Link != blockstore.LinkNone {
+		last++
+	}
+	for m := first; m < k; m++ {
+		if b.skips[i]&b.await[i]&(1<<m) != 0 {
+			p.Steps[m].Res = fullResult(&p.Steps[m])
+			b.await[i] &^= 1 << m
+		}
+	}
+	if b.skips[i]&(1<<k) != 0 {
+		for m := k + 1; m <= last; m++ {
+			p.Steps[m].Res = -int32(unix.ECANCELED)
+			b.await[i] &^= 1 << m
+		}
+	}
+	return b.await[i] == 0
+}
+
+// fullResult is what step st returns when it succeeds in full: the bytes
+// a read or write asks for, else 0 (an open into a fixed-file slot too).
+func fullResult(st *blockstore.Step) int32 {
+	switch st.Op {
+	case blockstore.StepRead, blockstore.StepWrite:
+		return int32(len(st.Buf))
+	case blockstore.StepReadv, blockstore.StepWritev:
+		return int32(st.VecLen())
+	}
+	return 0
 }
 
 // evaluate judges op i's finished phase: its outcome goes to doneQ, or its

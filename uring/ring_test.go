@@ -2,6 +2,7 @@ package uring
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -387,23 +388,81 @@ func TestLinkedOpenReadCloseFixedSlot(t *testing.T) {
 	require.NoError(t, r.UnregisterFiles())
 }
 
-func TestCQESkipSuccess(t *testing.T) {
-	r := newRing(t, 8, Options{})
-	require.NotZero(t, r.Features()&FeatCQESkip)
-	s := getSQE(t, r)
-	s.PrepareNop()
-	s.Flags |= SQECQESkipSuccess
-	s.UserData = 1
-	s = getSQE(t, r)
-	s.PrepareClose(-1) // fails, so its CQE is posted despite the flag
-	s.Flags |= SQECQESkipSuccess
-	s.UserData = 2
-	got := run(t, r, 1)
-	assert.ErrorIs(t, ptr(got[2]).Err(), syscall.EBADF)
-	n, err := r.SubmitAndWait(1, 50*time.Millisecond)
+// TestCQESkipLinks checks the rules of IOSQE_CQE_SKIP_SUCCESS in linked
+// chains that the tier's io_uring engine relies on (tier.postedCQEs models
+// them): a step posts unless it succeeded with the flag; an IO_LINK step
+// that fails (a short read too) cancels the rest of its chain, whose steps
+// post -ECANCELED whatever their flags, unless the failed step had the
+// flag: then none of them posts; a failed IO_HARDLINK step cancels nothing.
+// Inline and in a kernel worker alike.
+func TestCQESkipLinks(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "short")
+	writeFile(t, path, []byte("abc"))
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	require.NoError(t, err)
-	assert.Zero(t, n)
-	assert.Zero(t, r.Reap(make([]CQE, 4)), "the successful NOP posted a CQE")
+	t.Cleanup(func() { unix.Close(fd) })
+	buf := make([]byte, 8)
+
+	const (
+		ok    = iota // a NOP
+		fail         // a CLOSE of -1: EBADF
+		short        // a READ of 8 bytes of a 3-byte file
+	)
+	type step struct {
+		kind  int
+		flags uint8
+	}
+	L, H, S := SQEIOLink, SQEIOHardlink, SQECQESkipSuccess
+	for _, c := range []struct {
+		name  string
+		steps []step
+		want  map[uint64]syscall.Errno // step: its result's errno, 0 for success, 3 for the short read
+	}{
+		{"success posts the last step only", []step{{ok, L | S}, {ok, L | S}, {ok, 0}}, map[uint64]syscall.Errno{2: 0}},
+		{"a skipping step that fails posts alone", []step{{ok, L | S}, {fail, L | S}, {ok, H}, {ok, 0}}, map[uint64]syscall.Errno{1: syscall.EBADF}},
+		{"a posting step that fails: the rest post ECANCELED", []step{{ok, L | S}, {fail, L}, {ok, L | S}, {ok, 0}},
+			map[uint64]syscall.Errno{1: syscall.EBADF, 2: syscall.ECANCELED, 3: syscall.ECANCELED}},
+		{"a hard link goes on", []step{{fail, H}, {ok, L | S}, {ok, 0}}, map[uint64]syscall.Errno{0: syscall.EBADF, 2: 0}},
+		{"a short read fails", []step{{ok, L | S}, {short, L | S}, {ok, 0}}, map[uint64]syscall.Errno{1: 3}},
+	} {
+		for _, async := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/async=%v", c.name, async), func(t *testing.T) {
+				r := newRing(t, 8, Options{})
+				for k, st := range c.steps {
+					s := getSQE(t, r)
+					switch st.kind {
+					case ok:
+						s.PrepareNop()
+					case fail:
+						s.PrepareClose(-1)
+					case short:
+						s.PrepareRead(fd, buf, 0)
+					}
+					s.Flags |= st.flags
+					if async {
+						s.Flags |= SQEAsync
+					}
+					s.UserData = uint64(k)
+				}
+				got := run(t, r, len(c.want))
+				for k, want := range c.want {
+					require.Contains(t, got, k)
+					switch want {
+					case 3:
+						assert.EqualValues(t, 3, got[k].Res, "step %d", k)
+					case 0:
+						assert.NoError(t, ptr(got[k]).Err(), "step %d", k)
+					default:
+						assert.ErrorIs(t, ptr(got[k]).Err(), want, "step %d", k)
+					}
+				}
+				assert.Len(t, got, len(c.want))
+				_, err := r.SubmitAndWait(1, 50*time.Millisecond)
+				require.NoError(t, err)
+				assert.Zero(t, r.Reap(make([]CQE, 8)), "a completion the rules do not post")
+			})
+		}
+	}
 }
 
 func pipe(t testing.TB) (rd, wr int) {
