@@ -173,18 +173,3 @@ func TestCQESkipCompletes(t *testing.T) {
 		})
 	}
 }
-
-// TestWithoutCQESkip runs stores and loads, failures among them, on the
-// io_uring engine as on a kernel without IOSQE_CQE_SKIP_SUCCESS (before
-// 5.17), where every step posts its completion.
-func TestWithoutCQESkip(t *testing.T) {
-	tr := openTier(t, EngineURing, t.TempDir(), nil)
-	require.True(t, tr.shards[0].be.(*uringBackend).cqeSkip, "this kernel skips completions: the tests above run with it")
-	noCQESkip = true
-	t.Cleanup(func() { noCQESkip = false })
-	tr = openTier(t, EngineURing, t.TempDir(), nil)
-	require.False(t, tr.shards[0].be.(*uringBackend).cqeSkip)
-	for _, f := range []func(*testing.T){TestStore, TestLoad, TestLoadCorrupt, TestStoreDirectoryVanished, TestDirectoryIsAFile} {
-		f(t)
-	}
-}

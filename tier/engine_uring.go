@@ -78,7 +78,6 @@ type uringBackend struct {
 	dirFD     []int                // the namespace directory op i resolves its paths beneath, for all its phases
 	await     []uint16             // op i's steps of its current phase without a result, a bit each
 	skips     []uint16             // op i's steps whose success posts no completion (IOSQE_CQE_SKIP_SUCCESS)
-	cqeSkip   bool                 // the kernel has IOSQE_CQE_SKIP_SUCCESS
 	pinner    runtime.Pinner
 	hdrs      []byte // OpsMax header buffers of ScratchSize, mmap'd (aligned); registered buffer 0
 	cqes      []uring.CQE
@@ -106,10 +105,6 @@ var ringFault func(sqes uint32) error
 // ringSize, when set (by tests), is the size of both queues of each ring,
 // so that a test can fill them.
 var ringSize uint32
-
-// noCQESkip, when set (by tests), makes every step post its completion,
-// as on a kernel without IOSQE_CQE_SKIP_SUCCESS.
-var noCQESkip bool
 
 // A phase's steps fit the await and skips bit sets.
 const _ = uint16(1<<blockstore.StepsMax - 1)
@@ -185,7 +180,6 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	if b.ring, err = uring.New(entries, ropts); err != nil {
 		return nil, fmt.Errorf("tier: %w", err)
 	}
-	b.cqeSkip = b.ring.Features()&uring.FeatCQESkip != 0 && !noCQESkip
 	if _, _, err = b.ring.SetIOWQMaxWorkers(uint32(t.opts.WorkersMax), uint32(t.opts.WorkersMax)); err != nil {
 		return nil, fmt.Errorf("tier: %w", err)
 	}
@@ -358,10 +352,7 @@ func (b *uringBackend) prepare(i int32) {
 		return // fail has decided the op
 	}
 	p, dir, slot := &b.progs[i], b.dirFD[i], uint32(i)
-	var skips uint16
-	if b.cqeSkip {
-		skips = cqeSkips(p)
-	}
+	skips := cqeSkips(p)
 	for k := range p.N {
 		st := &p.Steps[k]
 		s := b.ring.GetSQE()

@@ -73,7 +73,6 @@ var notInConformanceSuite = map[string]string{
 	"TestBrokenRingFailsTheTier":      "it injects a fault into the io_uring engine's ring",
 	"TestReapUnderPressure":           "it shrinks the io_uring engine's queues",
 	"TestCQESkipCompletes":            "it checks how the io_uring engine completes steps that post no completion",
-	"TestWithoutCQESkip":              "it runs tests of the suite on the io_uring engine without IOSQE_CQE_SKIP_SUCCESS",
 	"TestSubmitChunks":                "it counts the io_uring engine's submissions",
 	"TestLockedOwnerWithSpareP":       "it checks how the io_uring engine's owners sleep",
 	"TestLoadsSpreadOverRings":        "it needs two io_uring rings; the sync engine has one shard",

@@ -39,7 +39,7 @@ func (r *Ring) Probe() (*Probe, error) {
 }
 
 // Available reports whether io_uring can be used here with every opcode in
-// RequiredOps. The error is an *UnavailableError that says why and what to
+// RequiredOps and IOSQE_CQE_SKIP_SUCCESS. The error is an *UnavailableError that says why and what to
 // do about it. It creates and closes one small ring.
 func Available() error {
 	r, err := New(2, Options{Disable: FlagSingleIssuer | FlagDeferTaskrun})
@@ -59,6 +59,9 @@ func Available() error {
 	}
 	if len(missing) > 0 {
 		return &UnavailableError{Missing: missing, Reason: "the kernel lacks opcodes the tier needs; use Linux 5.19 or newer"}
+	}
+	if r.Features()&FeatCQESkip == 0 {
+		return &UnavailableError{Reason: "the kernel lacks IOSQE_CQE_SKIP_SUCCESS (Linux 5.17), which the tier's linked steps use; use Linux 5.19 or newer"}
 	}
 	return nil
 }
