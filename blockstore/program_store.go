@@ -60,8 +60,6 @@ func (p *Program) layStore() {
 	flags := uint64(unix.O_WRONLY | unix.O_CREAT | unix.O_EXCL)
 	if p.cfg.Format == FormatRaw {
 		flags |= unix.O_TRUNC // as vLLM opens its temporary files
-	} else {
-		EncodeHeader(p.hdr, key, p.buf)
 	}
 	p.How = unix.OpenHow{Flags: flags, Mode: fileMode, Resolve: ResolveBeneath}
 	if p.direct {
