@@ -62,9 +62,8 @@ func failures(st *blockstore.Step) []int32 {
 // every phase of every program, reached through up to three phases of
 // failures, and every failure of each of its steps (or none), the
 // completions posted with cqeSkips' flags leave the same results, phase
-// end and all, as every step posting its own (a kernel without
-// IOSQE_CQE_SKIP_SUCCESS, and this engine's first design). And a store
-// that succeeds posts one completion.
+// end and all, as every step posting its own (as the engine had it before
+// it skipped any). And a store that succeeds posts one completion.
 func TestCQESkipCompletes(t *testing.T) {
 	old := blockstore.RWMax
 	blockstore.RWMax = 16 << 10 // loads and stores of 64 KiB in chunks

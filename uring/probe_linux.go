@@ -39,8 +39,9 @@ func (r *Ring) Probe() (*Probe, error) {
 }
 
 // Available reports whether io_uring can be used here with every opcode in
-// RequiredOps and IOSQE_CQE_SKIP_SUCCESS. The error is an *UnavailableError that says why and what to
-// do about it. It creates and closes one small ring.
+// RequiredOps and IOSQE_CQE_SKIP_SUCCESS. The error is an *UnavailableError
+// that says why and what to do about it. It creates and closes one small
+// ring.
 func Available() error {
 	r, err := New(2, Options{Disable: FlagSingleIssuer | FlagDeferTaskrun})
 	if err != nil {
