@@ -208,7 +208,7 @@ func (s *Store) Verify(ns string, action VerifyAction, report func(Problem)) (Ve
 // ino, into the quarantine directory, and returns where to.
 func (s *Store) quarantineBlock(b BlockInfo, ino uint64) (string, error) {
 	dir := filepath.Join(s.quarantine, b.Namespace)
-	if err := os.MkdirAll(dir, dirMode); err != nil {
+	if err := MkdirAll(dir); err != nil {
 		return "", err
 	}
 	if !sameInode(b.Path, ino) {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -123,7 +124,7 @@ func Open(root string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(abs, dirMode); err != nil {
+	if err := MkdirAll(abs); err != nil {
 		return nil, err
 	}
 	s := &Store{
@@ -251,7 +252,7 @@ func (s *Store) ensure(dir string) error {
 	err := s.mkdirs(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		s.forget(dir)
-		if err = os.MkdirAll(filepath.Dir(s.root), dirMode); err == nil {
+		if err = MkdirAll(filepath.Dir(s.root)); err == nil {
 			err = s.mkdirs(dir)
 		}
 	}
@@ -331,3 +332,24 @@ func (s *Store) blockPath(ns string, key []byte) (string, error) {
 	*bp = s.layout.AppendPath(p, key)
 	return string(*bp), nil
 }
+
+// MkdirAll makes dir and its missing parents, as os.MkdirAll does, for a
+// directory that other processes or hosts may be making at the same
+// moment. On GlusterFS a mkdir can fail with EEXIST while the directory
+// another client just made is not yet visible to this one: os.MkdirAll's
+// look after the failure finds nothing, and it fails with "file exists"
+// (linux_test.TestEvictionAcrossProcesses/gluster, three processes opening
+// one namespace at once). MkdirAll tries again for up to 100 ms, so a name
+// that stays taken by something else still fails.
+func MkdirAll(dir string) error {
+	for try := 1; ; try++ {
+		err := os.MkdirAll(dir, dirMode)
+		if !errors.Is(err, fs.ErrExist) || try == mkdirTries {
+			return err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// mkdirTries is how often MkdirAll tries.
+const mkdirTries = 10

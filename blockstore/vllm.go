@@ -341,7 +341,7 @@ func (v VLLM) WriteConfig(root string) error {
 	}
 	dir := filepath.Join(root, v.Base)
 	path := filepath.Join(dir, vllmConfigName)
-	if err := os.MkdirAll(dir, dirMode); err != nil {
+	if err := MkdirAll(dir); err != nil {
 		return err
 	}
 	if _, err := os.Lstat(path); !errors.Is(err, fs.ErrNotExist) {

@@ -205,3 +205,42 @@ func TestLoadsThroughFUSE(t *testing.T) {
 		}
 	})
 }
+
+// TestMkdirAllRacingClient makes a MKDIR fail with EEXIST while nothing is
+// at its path, as on GlusterFS when another client has just made the
+// directory and this one cannot see it yet: os.MkdirAll then fails with
+// "file exists" (three processes opening one namespace at once failed
+// TestEvictionAcrossProcesses/gluster so), blockstore.MkdirAll tries again
+// and makes it, and a name that stays taken still fails.
+func TestMkdirAllRacingClient(t *testing.T) {
+	fsys := mountFaultFS(t)
+	mp := fsys.Mountpoint()
+	once := func(path string) *faultfs.Rule {
+		var n atomic.Int32
+		r, err := fsys.Inject(faultfs.Fault{Ops: faultfs.OpMkdir, Path: path, Errno: syscall.EEXIST,
+			Filter: func(faultfs.Op) bool { return n.Add(1) == 1 }})
+		require.NoError(t, err)
+		return r
+	}
+
+	r := once("a/b")
+	err := os.MkdirAll(filepath.Join(mp, "a", "b"), 0o755)
+	require.ErrorIs(t, err, fs.ErrExist, "os.MkdirAll under the fault")
+	assert.EqualValues(t, 1, r.Fired())
+	r.Remove()
+
+	r = once("c/d")
+	require.NoError(t, blockstore.MkdirAll(filepath.Join(mp, "c", "d")))
+	assert.EqualValues(t, 1, r.Fired())
+	assert.DirExists(t, filepath.Join(mp, "c", "d"))
+	r.Remove()
+
+	r, err = fsys.Inject(faultfs.Fault{Ops: faultfs.OpMkdir, Path: "e/f", Errno: syscall.EEXIST})
+	require.NoError(t, err)
+	require.ErrorIs(t, blockstore.MkdirAll(filepath.Join(mp, "e", "f")), fs.ErrExist, "a name that stays taken")
+	assert.EqualValues(t, 10, r.Fired())
+	r.Remove()
+
+	require.NoError(t, os.WriteFile(filepath.Join(mp, "g"), nil, 0o644))
+	require.ErrorIs(t, blockstore.MkdirAll(filepath.Join(mp, "g")), syscall.ENOTDIR, "a file in the way")
+}

@@ -2,11 +2,11 @@ package tier
 
 import (
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/uringtier/uringtier/blockstore"
 	"golang.org/x/sys/unix"
 )
 
@@ -130,7 +130,7 @@ func (d *nsDirFD) renew(fd int) int {
 		return fd // the retry fails and reports why
 	}
 	if d.t.quarantines() {
-		_ = os.MkdirAll(d.t.qDir, 0o755) // best effort: without it, corrupt blocks stay in place
+		_ = blockstore.MkdirAll(d.t.qDir) // best effort: without it, corrupt blocks stay in place
 	}
 	nfd, err := openDir(d.t.nsDir)
 	if err != nil {

@@ -6,7 +6,6 @@ import (
 	"hash/maphash"
 	"log/slog"
 	"math/bits"
-	"os"
 	"runtime"
 	"slices"
 	"sync"
@@ -231,7 +230,7 @@ func Open(dir string, opts Options) (*Tier, error) {
 		t.free = append(t.free, int32(opts.Depth-1-i))
 	}
 	if t.quarantines() {
-		if err := os.MkdirAll(t.qDir, 0o755); err != nil {
+		if err := blockstore.MkdirAll(t.qDir); err != nil {
 			return nil, fmt.Errorf("tier: %w", err)
 		}
 	}
