@@ -199,7 +199,9 @@ func TestLeaseGluster(t *testing.T) {
 // the brick's locks die with it. With the brick down, A's Check fails: ENOTCONN until the client
 // has noticed the brick is gone (usually the first Check after the kill), then EBADFD (the client
 // marks the descriptor bad until it reconnects). The first Check met EBADFD in one CI run and in 1
-// of 10 runs here; later Checks, 50 ms apart, always did. After the
+// of 10 runs here. Only the first Check is asked: a second one, 50 ms later, got no answer from
+// the GlusterFS client for the 10 minutes until the test binary timed out, in one CI run (its
+// lock request waited while the client looked for the brick's port again). After the
 // restart the lease goes to whoever asks first: A's Check re-issues the lock and takes it anew (B
 // is then refused), or B's TryLease takes it (A's Check is then refused: ErrLeaseLost). Never both.
 func TestLeaseGlusterBrickRestart(t *testing.T) {
@@ -213,13 +215,10 @@ func TestLeaseGlusterBrickRestart(t *testing.T) {
 	restart := func() {
 		t.Helper()
 		require.NoError(t, syscall.Kill(g.BrickPid(t), syscall.SIGKILL))
-		for i := range 3 {
-			err := a.Check()
-			require.ErrorIs(t, err, blockstore.ErrLeaseLost, "A's Check %d with the brick down", i)
-			if !errors.Is(err, syscall.ENOTCONN) {
-				require.ErrorIs(t, err, syscall.EBADFD, "A's Check %d with the brick down", i)
-			}
-			time.Sleep(50 * time.Millisecond)
+		err := a.Check()
+		require.ErrorIs(t, err, blockstore.ErrLeaseLost, "A's Check with the brick down")
+		if !errors.Is(err, syscall.ENOTCONN) {
+			require.ErrorIs(t, err, syscall.EBADFD, "A's Check with the brick down")
 		}
 		g.Start(t)
 	}

@@ -29,6 +29,7 @@ var conformanceSuite = []struct {
 	{"TestLoadCorrupt", TestLoadCorrupt},
 	{"TestStore", TestStore},
 	{"TestStoreDirectoryVanished", TestStoreDirectoryVanished},
+	{"TestStoreFromBuffers", TestStoreFromBuffers},
 	{"TestDelete", TestDelete},
 	{"TestCapacityEvictsLRU", TestCapacityEvictsLRU},
 	{"TestCapacityFull", TestCapacityFull},
