@@ -1,18 +1,12 @@
 package tier
 
 import (
-	"unsafe"
-
 	"github.com/uringtier/uringtier/blockstore"
 	"github.com/uringtier/uringtier/uring"
 )
 
 // allocBuffers allocates Options.Buffers aligned buffers of BlockSize,
-// which the io_uring engine registers with every ring. Each has
-// HeaderSize bytes in front of it, in the same registered buffer
-// (bufRegion): a store from it puts its header there and writes header
-// and payload as one WRITE_FIXED, whose pages the kernel pinned once, at
-// registration, instead of at every write (headerSlot).
+// which the io_uring engine registers with every ring.
 func (t *Tier) allocBuffers() error {
 	if t.opts.Buffers == 0 {
 		return nil
@@ -24,36 +18,15 @@ func (t *Tier) allocBuffers() error {
 	}
 	t.bufMem, t.bufStride = mem, stride
 	for k := range t.opts.Buffers {
-		b := mem[k*stride+blockstore.HeaderSize:]
-		t.buffers = append(t.buffers, b[:t.opts.BlockSize:t.opts.BlockSize])
+		t.buffers = append(t.buffers, mem[k*stride:k*stride+t.opts.BlockSize:k*stride+t.opts.BlockSize])
 	}
 	return nil
 }
 
-// bufferStride is the distance between two buffers of blockSize, each
-// with its header slot: each starts aligned for O_DIRECT.
+// bufferStride is the distance between two buffers of blockSize: each
+// starts aligned for O_DIRECT.
 func bufferStride(blockSize int) int {
-	return blockstore.HeaderSize + (blockSize+blockstore.HeaderSize-1)/blockstore.HeaderSize*blockstore.HeaderSize
-}
-
-// bufRegion returns buffer k with its header slot: what the io_uring
-// engine registers.
-func (t *Tier) bufRegion(k int) []byte {
-	return t.bufMem[k*t.bufStride : (k+1)*t.bufStride]
-}
-
-// headerSlot returns the HeaderSize bytes in front of buf when buf starts
-// one of the tier's buffers, else nil. Only the op that has the buffer
-// writes there.
-func (t *Tier) headerSlot(buf []byte) []byte {
-	if !within(buf, t.bufMem) {
-		return nil
-	}
-	off := int(uintptr(unsafe.Pointer(&buf[0])) - uintptr(unsafe.Pointer(&t.bufMem[0])))
-	if off%t.bufStride != blockstore.HeaderSize {
-		return nil
-	}
-	return t.bufMem[off-blockstore.HeaderSize : off : off]
+	return (blockSize + blockstore.HeaderSize - 1) / blockstore.HeaderSize * blockstore.HeaderSize
 }
 
 // freeBuffers unmaps the buffers once no kernel operation can use them. It

@@ -426,9 +426,11 @@ func assertNoTempFiles(t *testing.T, tr *Tier) {
 }
 
 // TestStoreFromBuffers stores from every one of the tier's buffers, whose
-// block size is no multiple of 4 KiB, with each durability: every block
-// reads back whole, and no store wrote into any buffer (the io_uring
-// engine writes a store's header into the room in front of its buffer).
+// block size is no multiple of 4 KiB, and from one buffer under two keys
+// in the same request, with each durability: every block reads back
+// whole, and no store wrote into any buffer. (A header written into room
+// in front of its buffer, tried once for the io_uring engine, would break
+// the two keys of one buffer: each store has a header of its own.)
 func TestStoreFromBuffers(t *testing.T) {
 	const size = 5000
 	forEachEngine(t, func(t *testing.T, kind EngineKind) {
@@ -443,14 +445,15 @@ func TestStoreFromBuffers(t *testing.T) {
 					}
 					want[k] = slices.Clone(b)
 				}
-				require.NoError(t, tr.Store(1, testKeys(0, 1, 2), bufs))
-				assert.Equal(t, []Status{StatusStored, StatusStored, StatusStored}, statuses(await(t, tr, 1)[1]))
-				for k := range bufs {
+				// Key 3 is buffer 1 again.
+				require.NoError(t, tr.Store(1, testKeys(0, 1, 2, 3), append(bufs[:3:3], bufs[1])))
+				assert.Equal(t, []Status{StatusStored, StatusStored, StatusStored, StatusStored}, statuses(await(t, tr, 1)[1]))
+				for i, k := range []int{0, 1, 2, 1} {
 					assert.Equal(t, want[k], bufs[k], "buffer %d", k)
 					got := make([]byte, size)
-					n, err := tr.BlockStore().Get(tr.Namespace(), testKey(k), got)
-					require.NoError(t, err)
-					assert.Equal(t, want[k], got[:n], "block %d", k)
+					n, err := tr.BlockStore().Get(tr.Namespace(), testKey(i), got)
+					require.NoError(t, err, "block %d", i)
+					assert.Equal(t, want[k], got[:n], "block %d", i)
 				}
 			})
 		}

@@ -189,11 +189,7 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	if b.hdrs, err = uring.AllocBuffer(n * blockstore.ScratchSize); err != nil {
 		return nil, fmt.Errorf("tier: %w", err)
 	}
-	regions := [][]byte{b.hdrs}
-	for k := range t.buffers {
-		regions = append(regions, t.bufRegion(k))
-	}
-	if err = b.ring.RegisterBuffers(regions); err != nil {
+	if err = b.ring.RegisterBuffers(append([][]byte{b.hdrs}, t.buffers...)); err != nil {
 		return nil, fmt.Errorf("tier: %w", err)
 	}
 	if f := b.ring.Flags(); !t.engine.OwnThreads || !spareP && f&uring.FlagDeferTaskrun != 0 && f&uring.FlagTaskrunFlag != 0 {
@@ -319,24 +315,6 @@ func (b *uringBackend) bufIndex(buf []byte) int {
 	return k + 1
 }
 
-// contiguous returns the memory of vec as one slice when its parts follow
-// each other, else nil.
-func contiguous(vec []unix.Iovec) []byte {
-	if len(vec) == 0 || vec[0].Base == nil {
-		return nil
-	}
-	end := uintptr(unsafe.Pointer(vec[0].Base))
-	n := 0
-	for _, v := range vec {
-		if uintptr(unsafe.Pointer(v.Base)) != end {
-			return nil
-		}
-		end += uintptr(v.Len)
-		n += int(v.Len)
-	}
-	return unsafe.Slice(vec[0].Base, n)
-}
-
 // within reports whether buf lies inside mem.
 func within(buf, mem []byte) bool {
 	if len(buf) == 0 || len(mem) == 0 {
@@ -357,13 +335,7 @@ func (b *uringBackend) start(i int32, o *op) {
 		b.doneQ = append(b.doneQ, i)
 		return
 	}
-	hdr := b.hdr(i)
-	if o.kind == OpStore {
-		if slot := b.t.headerSlot(o.buf); slot != nil {
-			hdr = slot // header and payload are then one span (prepare)
-		}
-	}
-	if err := p.Start(cfg, programOp[o.kind], o.keyBytes(), o.buf, hdr, b.direct && aligned(o.buf)); err != nil {
+	if err := p.Start(cfg, programOp[o.kind], o.keyBytes(), o.buf, b.hdr(i), b.direct && aligned(o.buf)); err != nil {
 		o.status, o.err = StatusFailed, err
 		b.doneQ = append(b.doneQ, i)
 		return
@@ -406,13 +378,7 @@ func (b *uringBackend) prepare(i int32) {
 			s.Flags |= uring.SQEFixedFile | b.rw
 			b.queued += int(st.VecLen())
 		case blockstore.StepWritev:
-			if span := contiguous(st.Vec); span != nil && b.bufIndex(span) > 0 {
-				// A store from one of the tier's buffers, its header in
-				// the buffer's slot: one span of one registered buffer.
-				s.PrepareWriteFixed(int(slot), span, uint64(st.Off), uint16(b.bufIndex(span)))
-			} else {
-				s.PrepareWritev(int(slot), st.Vec, uint64(st.Off))
-			}
+			s.PrepareWritev(int(slot), st.Vec, uint64(st.Off))
 			s.Flags |= uring.SQEFixedFile | b.rw
 			b.queued += int(st.VecLen())
 		case blockstore.StepFsync:
