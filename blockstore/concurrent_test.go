@@ -78,7 +78,7 @@ func runChild(role, root string) error {
 		// alone, not in one write with the payload.
 		RWMax = HeaderSize
 		writes := 0
-		s.hooks = &testHooks{write: func([]byte) error {
+		s.hooks = &testHooks{write: func() error {
 			if writes++; writes == 2 {
 				fmt.Println("ready")
 				select {} // until SIGKILL

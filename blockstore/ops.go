@@ -104,7 +104,7 @@ func (s *Store) call(p *Program, dirfd int, st *Step) int32 {
 	if h := s.hooks; h != nil {
 		switch {
 		case (st.Op == StepWrite || st.Op == StepWritev) && h.write != nil:
-			if err := h.write(st.Buf); err != nil {
+			if err := h.write(); err != nil {
 				return -int32(err.(syscall.Errno))
 			}
 		case st.Op == StepRename && st.role == rolePublish && h.beforeRename != nil:

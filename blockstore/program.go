@@ -39,8 +39,10 @@ import (
 //	        then] the first phase again, once, then missing
 //	store:  [raw: STATX block, then nothing more if a block of the right size is there]
 //	        [MKDIR aa ═ OPEN aa ─ CLOSE ─ MKDIR aa/bb ═ OPEN aa/bb ─ CLOSE ─] OPEN tmp (O_CREAT|O_EXCL)
-//	        ─ [WRITE header ─] WRITE payload ─ … [─ FSYNC] ─ CLOSE ─ RENAME tmp → block
-//	        then for a short write: WRITE the rest ─ … ─ CLOSE ─ RENAME; on failure: UNLINK tmp;
+//	        ─ WRITEV [header,] payload [─ FSYNC] ─ CLOSE ─ RENAME tmp → block, the directories
+//	        only in directories not seen yet where a first try's OPEN found a level missing,
+//	        not a directory or a link; for a block bigger than one write: [WRITE header ─]
+//	        WRITE payload ─ …; then for a short write: WRITE the rest ─ … ─ CLOSE ─ RENAME; on failure: UNLINK tmp;
 //	        for DurabilityFull: OPEN dir ─ FSYNC ═ CLOSE for the block's directory (and its parents if created)
 //	delete: UNLINK block (a reader that opened it first reads it whole: the file lives until closed)
 //	(─ LinkOnSuccess, ═ LinkAlways; [header] in the framed format only)
@@ -152,16 +154,18 @@ type Step struct {
 // Failed reports whether the step did not succeed in full: an error, or
 // a read or write that moved less than it asked. It is when LinkOnSuccess
 // stops a chain.
-func (s *Step) Failed() bool {
-	switch {
-	case s.Res < 0:
-		return true
-	case s.Op == StepRead || s.Op == StepWrite:
-		return int(s.Res) < len(s.Buf)
-	case s.Op == StepReadv || s.Op == StepWritev:
-		return int64(s.Res) < s.VecLen()
+func (s *Step) Failed() bool { return s.Res < 0 || int64(s.Res) < s.Asked() }
+
+// Asked is the bytes a read or write asks to move, 0 for other steps: what
+// it returns when it succeeds in full.
+func (s *Step) Asked() int64 {
+	switch s.Op {
+	case StepRead, StepWrite:
+		return int64(len(s.Buf))
+	case StepReadv, StepWritev:
+		return s.VecLen()
 	}
-	return false
+	return 0
 }
 
 // VecLen is the bytes a vectored read or write asks for.

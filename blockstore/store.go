@@ -99,9 +99,9 @@ type Store struct {
 
 // testHooks are fault-injection points for this package's tests.
 type testHooks struct {
-	write        func(p []byte) error // before each write of a Put; an error fails the write
-	beforeRename func(tmp string)     // after the temporary file is complete
-	beforeRead   func(path string)    // before Verify reads a block it has walked to
+	write        func() error      // before each write of a Put (a pwritev too); an error fails the write
+	beforeRename func(tmp string)  // after the temporary file is complete
+	beforeRead   func(path string) // before Verify reads a block it has walked to
 }
 
 // Open opens the store rooted at root, creating the directory if needed.

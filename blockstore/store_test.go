@@ -191,7 +191,7 @@ func TestPutFailureLeavesNothing(t *testing.T) {
 			t.Run(fmt.Sprintf("rwmax=%d/write=%d", tc.rwMax, failAt), func(t *testing.T) {
 				s := openTestStore(t, Options{Durability: DurabilityData})
 				writes, injected := 0, 0
-				s.hooks = &testHooks{write: func([]byte) error {
+				s.hooks = &testHooks{write: func() error {
 					writes++
 					if writes-1 == failAt {
 						injected++
@@ -208,7 +208,7 @@ func TestPutFailureLeavesNothing(t *testing.T) {
 				assert.False(t, ok)
 
 				writes = 0
-				s.hooks.write = func([]byte) error { writes++; return nil }
+				s.hooks.write = func() error { writes++; return nil }
 				require.NoError(t, s.Put("ns", key, testPayload(key, 1<<20)))
 				assert.Equal(t, tc.writes, writes, "writes of a whole Put")
 			})

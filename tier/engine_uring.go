@@ -77,7 +77,6 @@ type uringBackend struct {
 	progs     []blockstore.Program // op i's program; pinned: SQEs point into it until their CQEs
 	dirFD     []int                // the namespace directory op i resolves its paths beneath, for all its phases
 	await     []uint16             // op i's steps of its current phase without a result, a bit each
-	skips     []uint16             // op i's steps whose success posts no completion (IOSQE_CQE_SKIP_SUCCESS)
 	pinner    runtime.Pinner
 	hdrs      []byte // OpsMax header buffers of ScratchSize, mmap'd (aligned); registered buffer 0
 	cqes      []uring.CQE
@@ -106,7 +105,7 @@ var ringFault func(sqes uint32) error
 // so that a test can fill them.
 var ringSize uint32
 
-// A phase's steps fit the await and skips bit sets.
+// A phase's steps fit the bit sets of await and cqeSkips.
 const _ = uint16(1<<blockstore.StepsMax - 1)
 
 var _ backend = (*uringBackend)(nil)
@@ -118,7 +117,7 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	// SQEs) without submitting mid-way.
 	entries := uint32(min(8192, max(64, 4*n)))
 	b := &uringBackend{t: t, s: s, ns: t.ns, direct: t.engine.Direct,
-		progs: make([]blockstore.Program, n), dirFD: make([]int, n), await: make([]uint16, n), skips: make([]uint16, n),
+		progs: make([]blockstore.Program, n), dirFD: make([]int, n), await: make([]uint16, n),
 		cqes: make([]uring.CQE, 256), wakeC: make(chan struct{}, 1), timer: time.NewTimer(time.Hour)}
 	b.timer.Stop()
 	b.hdrLen = blockstore.ScratchSize
@@ -408,7 +407,7 @@ func (b *uringBackend) prepare(i int32) {
 		}
 		s.UserData = ud(i, k)
 	}
-	b.await[i], b.skips[i] = 1<<p.N-1, skips
+	b.await[i] = 1<<p.N - 1
 	if b.ring.Pending() >= b.chunk || b.queued >= submitBytes {
 		// Inline opens and page-cache copies run in io_uring_enter,
 		// holding the owner's P: hand over what is queued now, at the
@@ -563,7 +562,8 @@ func (b *uringBackend) complete(i int32, k int, res int32) bool {
 	p := &b.progs[i]
 	p.Steps[k].Res = res
 	b.await[i] &^= 1 << k
-	if b.skips[i] == 0 {
+	skips := cqeSkips(p)
+	if skips == 0 {
 		return b.await[i] == 0
 	}
 	first, last := k, k
@@ -574,30 +574,18 @@ func (b *uringBackend) complete(i int32, k int, res int32) bool {
 		last++
 	}
 	for m := first; m < k; m++ {
-		if b.skips[i]&b.await[i]&(1<<m) != 0 {
-			p.Steps[m].Res = fullResult(&p.Steps[m])
+		if skips&b.await[i]&(1<<m) != 0 {
+			p.Steps[m].Res = int32(p.Steps[m].Asked())
 			b.await[i] &^= 1 << m
 		}
 	}
-	if b.skips[i]&(1<<k) != 0 {
+	if skips&(1<<k) != 0 {
 		for m := k + 1; m <= last; m++ {
 			p.Steps[m].Res = -int32(unix.ECANCELED)
 			b.await[i] &^= 1 << m
 		}
 	}
 	return b.await[i] == 0
-}
-
-// fullResult is what step st returns when it succeeds in full: the bytes
-// a read or write asks for, else 0 (an open into a fixed-file slot too).
-func fullResult(st *blockstore.Step) int32 {
-	switch st.Op {
-	case blockstore.StepRead, blockstore.StepWrite:
-		return int32(len(st.Buf))
-	case blockstore.StepReadv, blockstore.StepWritev:
-		return int32(st.VecLen())
-	}
-	return 0
 }
 
 // evaluate judges op i's finished phase: its outcome goes to doneQ, or its
