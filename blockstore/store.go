@@ -273,14 +273,7 @@ func (s *Store) mkdirs(dir string) error {
 		if ok {
 			continue
 		}
-		err := ignoringEINTR(func() error { return unix.Mkdir(sub, dirMode) })
-		created := err == nil
-		if err == unix.EEXIST {
-			// EEXIST says only that the name is taken. A file there
-			// fails here, naming it, rather than as a puzzling ENOTDIR
-			// of a later create under it.
-			err = s.isDir(sub)
-		}
+		created, err := s.mkdir(sub)
 		if err != nil {
 			return &os.PathError{Op: "mkdir", Path: sub, Err: err}
 		}
@@ -294,6 +287,27 @@ func (s *Store) mkdirs(dir string) error {
 		s.dirsMu.Unlock()
 	}
 	return nil
+}
+
+// mkdir makes dir, or finds a directory there, and says whether it made
+// it. EEXIST says only that the name is taken: a file there fails here,
+// naming it, rather than as a puzzling ENOTDIR of a later create under it.
+// A name taken that this client cannot see yet (another GlusterFS client
+// just made it; see MkdirAll) is tried again, as MkdirAll does.
+func (s *Store) mkdir(dir string) (created bool, err error) {
+	for try := 1; ; try++ {
+		err = ignoringEINTR(func() error { return unix.Mkdir(dir, dirMode) })
+		if err != unix.EEXIST {
+			return err == nil, err
+		}
+		switch e := s.isDir(dir); {
+		case e != unix.ENOENT:
+			return false, e
+		case try == mkdirTries:
+			return false, err // EEXIST, and still nothing to see
+		}
+		time.Sleep(mkdirPause)
+	}
 }
 
 // isDir returns nil if dir is a directory, ENOTDIR if it is something
@@ -347,9 +361,13 @@ func MkdirAll(dir string) error {
 		if !errors.Is(err, fs.ErrExist) || try == mkdirTries {
 			return err
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(mkdirPause)
 	}
 }
 
-// mkdirTries is how often MkdirAll tries.
-const mkdirTries = 10
+// How often MkdirAll and Store.mkdir try, and how long they wait between
+// tries.
+const (
+	mkdirTries = 10
+	mkdirPause = 10 * time.Millisecond
+)

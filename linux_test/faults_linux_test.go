@@ -210,8 +210,8 @@ func TestLoadsThroughFUSE(t *testing.T) {
 // at its path, as on GlusterFS when another client has just made the
 // directory and this one cannot see it yet: os.MkdirAll then fails with
 // "file exists" (three processes opening one namespace at once failed
-// TestEvictionAcrossProcesses/gluster so), blockstore.MkdirAll tries again
-// and makes it, and a name that stays taken still fails.
+// TestEvictionAcrossProcesses/gluster so), blockstore.MkdirAll and a Put's
+// own mkdirs try again and make it, and a name that stays taken still fails.
 func TestMkdirAllRacingClient(t *testing.T) {
 	fsys := mountFaultFS(t)
 	mp := fsys.Mountpoint()
@@ -243,4 +243,26 @@ func TestMkdirAllRacingClient(t *testing.T) {
 
 	require.NoError(t, os.WriteFile(filepath.Join(mp, "g"), nil, 0o644))
 	require.ErrorIs(t, blockstore.MkdirAll(filepath.Join(mp, "g")), syscall.ENOTDIR, "a file in the way")
+
+	// A Put into a namespace no one has made, as the first block stored
+	// there by two clients at once: its mkdir of the namespace meets the
+	// same race, twice (once in each of its passes over the directories).
+	store, err := blockstore.Open(filepath.Join(mp, "root"), blockstore.Options{})
+	require.NoError(t, err)
+	var n atomic.Int32
+	r, err = fsys.Inject(faultfs.Fault{Ops: faultfs.OpMkdir, Path: "root/ns", Errno: syscall.EEXIST,
+		Filter: func(faultfs.Op) bool { return n.Add(1) <= 2 }})
+	require.NoError(t, err)
+	require.NoError(t, store.Put("ns", []byte("key-0001"), []byte("block")))
+	assert.EqualValues(t, 2, r.Fired())
+	got := make([]byte, 16)
+	m, err := store.Get("ns", []byte("key-0001"), got)
+	require.NoError(t, err)
+	assert.Equal(t, []byte("block"), got[:m])
+	r.Remove()
+
+	r, err = fsys.Inject(faultfs.Fault{Ops: faultfs.OpMkdir, Path: "root/taken", Errno: syscall.EEXIST})
+	require.NoError(t, err)
+	require.ErrorIs(t, store.Put("taken", []byte("key-0001"), []byte("block")), fs.ErrExist, "a namespace's name that stays taken")
+	assert.EqualValues(t, 10, r.Fired())
 }
