@@ -44,7 +44,10 @@ func newSyncBackend(t *Tier, s *shard) (*syncBackend, error) {
 	return b, nil
 }
 
-func (b *syncBackend) start(i int32, o *op) { b.work <- i }
+func (b *syncBackend) start(i int32, o *op, done []int32) []int32 {
+	b.work <- i
+	return done
+}
 
 func (b *syncBackend) cancel(i int32, o *op) {} // a blocked system call cannot be canceled
 

@@ -127,19 +127,20 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	spareP := t.opts.Rings < runtime.GOMAXPROCS(0)
 	b.chunk = submitChunk
 	b.yield = !t.engine.OwnThreads && !spareP
-	if t.engine.Inline && (t.engine.OwnThreads || spareP) {
+	if t.engine.Inline && t.engine.OwnThreads {
 		// A batch goes whole. STATX (or mixed) lookups on a local
 		// filesystem: every STATX goes to a kernel worker and each
 		// submission wakes workers, so chunks cost more than they hand
 		// over sooner (BenchmarkLookup, 5 interleaved rounds, medians of
 		// the per-round ratios of keys a second, whole against chunks:
 		// STATX 1.08 with one ring (0.79-1.68), 0.95 with a ring per CPU
-		// (0.72-1.33), mixed 1.75 (1.02-2.03)). With a spare P there is
-		// nothing to hand over: O_PATH lookups on one ring of two CPUs,
-		// 1,024-key batches, 4 interleaved rounds, made 0.78 (0.74-0.92)
-		// of the keys a second of the engine's first design's O_PATH
-		// lookups in chunks of 32 SQEs with a yield after each, and 1.00
-		// (0.95-1.22) whole.
+		// (0.72-1.33), mixed 1.75 (1.02-2.03)). Other owners hand over a
+		// chunk at a time, even with a spare P and nothing to hand over
+		// to: what completed inline is reaped, and its op slots go to the
+		// next keys while their memory is in the CPU's cache (O_PATH
+		// lookups on one ring of two CPUs, 1,024-key batches, 4
+		// interleaved rounds: 1.18x (1.08-1.50) the keys a second of the
+		// batch whole).
 		b.chunk = entries
 	}
 	if !t.engine.Inline {
@@ -323,24 +324,28 @@ func within(buf, mem []byte) bool {
 	return p >= base && p+uintptr(len(buf)) <= base+uintptr(len(mem))
 }
 
-func (b *uringBackend) start(i int32, o *op) {
+func (b *uringBackend) start(i int32, o *op, done []int32) []int32 {
 	cfg := &b.cfg
 	if b.t.opts.Lookup == LookupOpenPath || b.t.opts.Lookup == LookupMixed && i%2 == 0 {
 		cfg = &b.cfgOpen
 	}
 	p := &b.progs[i]
-	if b.broken != nil {
+	switch {
+	case b.broken != nil:
 		o.status, o.err = StatusFailed, b.broken
 		b.doneQ = append(b.doneQ, i)
-		return
+	default:
+		if err := p.Start(cfg, programOp[o.kind], o.keyBytes(), o.buf, b.hdr(i), b.direct && aligned(o.buf)); err != nil {
+			o.status, o.err = StatusFailed, err
+			b.doneQ = append(b.doneQ, i)
+			break
+		}
+		b.dirFD[i] = b.ns.current()
+		b.prepare(i)
 	}
-	if err := p.Start(cfg, programOp[o.kind], o.keyBytes(), o.buf, b.hdr(i), b.direct && aligned(o.buf)); err != nil {
-		o.status, o.err = StatusFailed, err
-		b.doneQ = append(b.doneQ, i)
-		return
-	}
-	b.dirFD[i] = b.ns.current()
-	b.prepare(i)
+	done = append(done, b.doneQ...)
+	b.doneQ = b.doneQ[:0]
+	return done
 }
 
 // prepare queues op i's current phase, one SQE per step, as one

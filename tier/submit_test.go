@@ -12,11 +12,13 @@ import (
 )
 
 // TestSubmitChunks counts the io_uring engine's submissions of a
-// 1,024-key lookup batch of O_PATH opens on a local filesystem. With a ring
-// per P, each owner hands the kernel submitChunk SQEs at a time and yields
-// its P after each, so that the caller finds one. With fewer rings than Ps
-// a caller always finds a P, and the owner submits the batch whole: chunks
-// cost one ring of two CPUs about a fifth of its keys a second.
+// 1,024-key lookup batch on a local filesystem. O_PATH opens go to the
+// kernel submitChunk SQEs at a time, whatever the ring count (with a ring
+// per P the owner also yields its P after each chunk, so that the caller
+// finds one), and what completed inline gives its op slot back before the
+// next keys start: a batch of found keys cycles through a few slots, not
+// one each. STATX lookups, which all go to kernel workers, are submitted
+// whole: chunks would wake the workers once each.
 func TestSubmitChunks(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
 	var submits atomic.Int64
@@ -33,16 +35,19 @@ func TestSubmitChunks(t *testing.T) {
 	}
 	for _, c := range []struct {
 		rings     int
+		lookup    LookupOp
 		atLeast   int64 // submissions that hand SQEs over
 		fewerThan int64
 	}{
-		{rings: 1, atLeast: 1, fewerThan: 8},
-		{rings: 2, atLeast: int64(len(keys)) / submitChunk / 2, fewerThan: 1 << 20},
+		// Half the margin for how the hash splits keys between two rings.
+		{rings: 1, lookup: LookupOpenPath, atLeast: int64(len(keys)) / submitChunk / 2, fewerThan: 1 << 20},
+		{rings: 2, lookup: LookupOpenPath, atLeast: int64(len(keys)) / submitChunk / 2, fewerThan: 1 << 20},
+		{rings: 2, lookup: LookupStatx, atLeast: 1, fewerThan: 8},
 	} {
 		tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) {
-			o.Rings, o.OpsMax = c.rings, len(keys)
+			o.Rings, o.OpsMax, o.Lookup = c.rings, len(keys), c.lookup
 		})
-		require.False(t, tr.Engine().OwnThreads)
+		require.Equal(t, c.lookup == LookupStatx, tr.Engine().OwnThreads)
 		put(t, tr, keys[:len(keys)/2]...)
 		submits.Store(0)
 		require.NoError(t, tr.Lookup(1, testKeys(keys...)))
@@ -52,12 +57,33 @@ func TestSubmitChunks(t *testing.T) {
 			if i < len(keys)/2 {
 				want = StatusFound
 			}
-			require.Equal(t, want, k.Status, "rings %d, key %d", c.rings, i)
+			require.Equal(t, want, k.Status, "rings %d %v, key %d", c.rings, c.lookup, i)
 		}
 		n := submits.Load()
-		t.Logf("rings %d: %d submissions", c.rings, n)
-		assert.GreaterOrEqual(t, n, c.atLeast, "rings %d: submissions", c.rings)
-		assert.Less(t, n, c.fewerThan, "rings %d: submissions", c.rings)
+		t.Logf("rings %d %v: %d submissions", c.rings, c.lookup, n)
+		assert.GreaterOrEqual(t, n, c.atLeast, "rings %d %v: submissions", c.rings, c.lookup)
+		assert.Less(t, n, c.fewerThan, "rings %d %v: submissions", c.rings, c.lookup)
+		if c.lookup != LookupOpenPath {
+			continue
+		}
+
+		// Found keys, their dentries cached: every open completes inline.
+		mark := time.Now()
+		require.NoError(t, tr.Lookup(2, testKeys(keys[:len(keys)/2]...)))
+		for i, k := range await(t, tr, 2)[2].Keys {
+			require.Equal(t, StatusFound, k.Status, "rings %d, key %d", c.rings, i)
+		}
+		for _, s := range tr.shards {
+			used := 0
+			for j := range s.ops {
+				if s.ops[j].started.After(mark) {
+					used++
+				}
+			}
+			t.Logf("rings %d: ring %d used %d op slots", c.rings, s.idx, used)
+			assert.Positive(t, used, "rings %d, ring %d", c.rings, s.idx)
+			assert.LessOrEqual(t, used, 2*submitChunk, "rings %d, ring %d: op slots used by %d found keys", c.rings, s.idx, len(keys)/2)
+		}
 	}
 }
 
