@@ -184,18 +184,19 @@ type Options struct {
 	// A ring's inline work (warm lookups, page-cache copies) runs on its
 	// owner's CPU, one at a time under the ring's lock: fewer rings than
 	// CPUs bound it to that many CPUs. With fewer rings than GOMAXPROCS a
-	// caller finds a P whatever the owners hold, so an owner submits a
-	// batch whole and never yields its P, and one that keeps a thread
-	// sleeps in io_uring_enter. One ring on 2 CPUs, 1,024-key batches,
-	// against the engine's first design (owners asleep in the kernel,
-	// holding a P; STATX lookups by default), medians of 4 interleaved
-	// rounds of per-round ratios: O_PATH lookups 0.87 of the first
-	// design's STATX (0.60-1.03) and 1.00 of its O_PATH (0.95-1.22); STATX
-	// lookups 1.11 (0.93-1.25), with round trips of 8 keys of 84-106 µs
-	// against 69-112 µs (BenchmarkLookup, 5 rounds: O_PATH 0.94 of the
-	// first design's default, 0.88-1.05). With a ring per CPU, O_PATH made
-	// 1.13 (0.74-1.35) of the first design's STATX with a ring per CPU,
-	// and STATX 0.85 (0.78-0.91) of its own.
+	// caller finds a P whatever the owners hold, so an owner never yields
+	// its P, and one that keeps a thread sleeps in io_uring_enter. Against
+	// the engine's first design (owners asleep in the kernel, holding a P;
+	// one ring on 2 CPUs and STATX lookups by default), BenchmarkLookup,
+	// 1,024-key batches, medians of 5 interleaved rounds of per-round
+	// ratios: with a ring per CPU, O_PATH lookups made 1.34 (1.23-1.39) of
+	// the first design's default, and STATX 0.82 (0.71-1.22) of its own
+	// STATX on two rings; with one ring, O_PATH made 1.02 (0.93-1.31) of
+	// the first design's O_PATH on one ring but 0.68 (0.61-0.88) of its
+	// default, whose STATX ran in kernel workers on both CPUs where one
+	// ring's inline opens run on one; STATX on one ring made 0.97
+	// (0.84-1.15) of the same, with round trips of 8 keys of 84-106 µs
+	// against 69-112 µs (an earlier week).
 	Rings int
 	// OpsMax is how many key operations one ring (or the sync engine) has
 	// in flight at most. Default 1024, at most 65,536.
