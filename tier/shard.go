@@ -508,8 +508,10 @@ func (s *shard) startKey(r *request, i int, now time.Time) bool {
 			}
 		}
 	}
+	taken := false // an op in flight looks up a key of the same hash
 	if r.op == OpLookup {
-		if j, ok := s.lookups[h]; ok && bytes.Equal(s.ops[j].keyBytes(), key) {
+		var j int32
+		if j, taken = s.lookups[h]; taken && bytes.Equal(s.ops[j].keyBytes(), key) {
 			o := &s.ops[j]
 			o.waiters = append(o.waiters, waiter{r, int32(i)})
 			if r.deadline.Before(o.deadline) {
@@ -560,10 +562,8 @@ func (s *shard) startKey(r *request, i int, now time.Time) bool {
 	if probe {
 		s.probing = true
 	}
-	if r.op == OpLookup {
-		if _, taken := s.lookups[h]; !taken {
-			s.lookups[h] = j
-		}
+	if r.op == OpLookup && !taken {
+		s.lookups[h] = j
 	}
 	s.inUse++
 	s.inFlight.Store(int64(s.inUse))
