@@ -39,7 +39,8 @@ func TestSubmitChunks(t *testing.T) {
 		atLeast   int64 // submissions that hand SQEs over
 		fewerThan int64
 	}{
-		// Half the margin for how the hash splits keys between two rings.
+		// O_PATH: at least half the chunks a batch makes, a margin for
+		// how the hash splits keys between two rings.
 		{rings: 1, lookup: LookupOpenPath, atLeast: int64(len(keys)) / submitChunk / 2, fewerThan: 1 << 20},
 		{rings: 2, lookup: LookupOpenPath, atLeast: int64(len(keys)) / submitChunk / 2, fewerThan: 1 << 20},
 		{rings: 2, lookup: LookupStatx, atLeast: 1, fewerThan: 8},
