@@ -340,7 +340,7 @@ func (b *uringBackend) start(i int32, o *op, done []int32) []int32 {
 			b.doneQ = append(b.doneQ, i)
 			break
 		}
-		b.dirFD[i] = b.ns.current()
+		b.dirFD[i] = b.ns.currentAt(o.started)
 		b.prepare(i)
 	}
 	done = append(done, b.doneQ...)
