@@ -52,6 +52,53 @@ func TestBrokenRingFailsTheTier(t *testing.T) {
 	require.NoError(t, tr.Close(context.Background()))
 }
 
+// TestRingBreaksMidBatch breaks the ring while its owner is still starting
+// a 1,024-key batch of found keys, after three chunks of them completed
+// inline and were finished, their op slots taken by the next keys: every key
+// gets one result, those of the first chunks found and the rest failed with
+// ErrBroken, and no slot is left in use.
+func TestRingBreaksMidBatch(t *testing.T) {
+	var submits, fired atomic.Int64
+	var armed atomic.Bool
+	ringFault = func(sqes uint32) error {
+		if !armed.Load() || sqes == 0 {
+			return nil
+		}
+		if submits.Add(1) > 3 {
+			fired.Add(1)
+			return syscall.EBADFD
+		}
+		return nil
+	}
+	t.Cleanup(func() { ringFault = nil })
+	keys := make([]int, 1024)
+	for i := range keys {
+		keys[i] = i
+	}
+	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.Rings, o.OpsMax = 1, len(keys) })
+	put(t, tr, keys...)
+	require.NoError(t, tr.Lookup(1, testKeys(keys...)))
+	await(t, tr, 1)
+
+	armed.Store(true)
+	require.NoError(t, tr.Lookup(2, testKeys(keys...)))
+	found := 0
+	for i, k := range await(t, tr, 2)[2].Keys {
+		switch k.Status {
+		case StatusFound:
+			found++
+		case StatusFailed:
+			assert.ErrorIs(t, k.Err, ErrBroken, "key %d", i)
+		default:
+			assert.Fail(t, "neither found nor failed", "key %d: %v %v", i, k.Status, k.Err)
+		}
+	}
+	require.Positive(t, fired.Load(), "the fault was not injected")
+	assert.Equal(t, 3*submitChunk, found, "keys found before the ring broke")
+	require.NoError(t, tr.Close(context.Background()))
+	assert.Zero(t, tr.shards[0].inUse, "op slots in use")
+}
+
 // TestReapUnderPressure runs a flood of lookups, loads and stores through
 // one ring whose queues hold 32 entries each, with 256 ops, so that the SQ
 // fills while phases are prepared, and makes every other submission fail
