@@ -330,16 +330,13 @@ func (b *uringBackend) start(i int32, o *op, done []int32) []int32 {
 		cfg = &b.cfgOpen
 	}
 	p := &b.progs[i]
-	switch {
-	case b.broken != nil:
+	if b.broken != nil {
 		o.status, o.err = StatusFailed, b.broken
 		b.doneQ = append(b.doneQ, i)
-	default:
-		if err := p.Start(cfg, programOp[o.kind], o.keyBytes(), o.buf, b.hdr(i), b.direct && aligned(o.buf)); err != nil {
-			o.status, o.err = StatusFailed, err
-			b.doneQ = append(b.doneQ, i)
-			break
-		}
+	} else if err := p.Start(cfg, programOp[o.kind], o.keyBytes(), o.buf, b.hdr(i), b.direct && aligned(o.buf)); err != nil {
+		o.status, o.err = StatusFailed, err
+		b.doneQ = append(b.doneQ, i)
+	} else {
 		b.dirFD[i] = b.ns.currentAt(o.started)
 		b.prepare(i)
 	}
