@@ -86,6 +86,7 @@ var notInConformanceSuite = map[string]string{
 	"TestFailureClasses":              "it needs a FUSE mount; the counting is the shard's, the same code with either engine",
 	"TestProbedSlotsEmptied":          "it reads the io_uring engine's fixed-file table",
 	"TestEstimate":                    "it is arithmetic on the capacity's counters, no engine involved",
+	"TestOpIndex":                     "it checks a table of the shard, no engine involved",
 	"TestVLLMConcurrentWriters":       "it races a Python process for seconds per engine; the sync engine it would run in the child is the same code as here",
 }
 

@@ -134,9 +134,9 @@ type shard struct {
 	ops         []op
 	free        []int32
 	inUse       int
-	stores      int              // of inUse
-	deletes     int              // of inUse
-	lookups     map[uint64]int32 // key hash -> lookup op, to share one op among requests
+	stores      int     // of inUse
+	deletes     int     // of inUse
+	lookups     opIndex // key hash -> lookup op, to share one op among requests
 	cache       map[uint64]cacheEntry
 	cacheEpoch  uint64
 	stuck       int
@@ -166,7 +166,7 @@ func newShard(t *Tier, idx int) *shard {
 		exited:  make(chan struct{}),
 		ring:    t.engine.Kind == EngineURing,
 		ops:     make([]op, t.opts.OpsMax),
-		lookups: make(map[uint64]int32),
+		lookups: newOpIndex(t.opts.OpsMax),
 		cache:   make(map[uint64]cacheEntry),
 		touched: make(map[uint64]int64),
 	}
@@ -511,7 +511,7 @@ func (s *shard) startKey(r *request, i int, now time.Time) bool {
 	taken := false // an op in flight looks up a key of the same hash
 	if r.op == OpLookup {
 		var j int32
-		if j, taken = s.lookups[h]; taken && bytes.Equal(s.ops[j].keyBytes(), key) {
+		if j, taken = s.lookups.get(h); taken && bytes.Equal(s.ops[j].keyBytes(), key) {
 			o := &s.ops[j]
 			o.waiters = append(o.waiters, waiter{r, int32(i)})
 			if r.deadline.Before(o.deadline) {
@@ -563,7 +563,7 @@ func (s *shard) startKey(r *request, i int, now time.Time) bool {
 		s.probing = true
 	}
 	if r.op == OpLookup && !taken {
-		s.lookups[h] = j
+		s.lookups.put(h, j)
 	}
 	s.inUse++
 	s.inFlight.Store(int64(s.inUse))
@@ -637,11 +637,9 @@ func (s *shard) expire(now time.Time) time.Time {
 			continue
 		}
 		o.abandoned = true
-		if k, ok := s.lookups[o.hash]; ok && k == int32(j) {
-			// A stuck op answers nobody: later lookups of the key start
-			// their own (and meet the breaker).
-			delete(s.lookups, o.hash)
-		}
+		// A stuck op answers nobody: later lookups of the key start
+		// their own (and meet the breaker).
+		s.lookups.remove(o.hash, int32(j))
 		s.stuck++
 		s.stuckN.Store(int64(s.stuck))
 		if !o.canceled {
@@ -670,9 +668,7 @@ func (s *shard) finish(j int32, now time.Time) {
 	o := &s.ops[j]
 	s.t.stats.observe(o.kind, now.Sub(o.started))
 	if o.kind == OpLookup {
-		if k, ok := s.lookups[o.hash]; ok && k == j {
-			delete(s.lookups, o.hash)
-		}
+		s.lookups.remove(o.hash, j)
 	}
 	if o.canceled && o.status == StatusFailed {
 		// Canceled (by Cancel or Close) and failed: the cancel is the
