@@ -272,6 +272,8 @@ func TestProgramLookupByOpen(t *testing.T) {
 		{"missing", -int32(unix.ENOENT), StatusMissing},
 		{"symlink", -int32(unix.ELOOP), StatusMissing},
 		{"eio", -int32(unix.EIO), StatusFailed},
+		// Without O_DIRECTORY, a file in place of a directory on the way.
+		{"enotdir", -int32(unix.ENOTDIR), StatusFailed},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var p Program
@@ -338,11 +340,37 @@ func TestProgramLookupCachedFirst(t *testing.T) {
 		})
 	}
 	t.Run("answered from the cache", func(t *testing.T) {
-		var p Program
-		require.NoError(t, p.Start(&cfg, OpLookup, key, nil, nil, false))
-		p.Steps[0].Res = -int32(unix.ENOENT)
-		require.True(t, p.Judge())
-		assert.Equal(t, StatusMissing, p.Status)
+		// The open has O_DIRECTORY: a block there ends it in ENOTDIR.
+		for res, want := range map[int32]Status{-int32(unix.ENOTDIR): StatusFound, 0: StatusFound,
+			-int32(unix.ENOENT): StatusMissing, -int32(unix.ELOOP): StatusMissing} {
+			var p Program
+			require.NoError(t, p.Start(&cfg, OpLookup, key, nil, nil, false))
+			assert.Equal(t, uint64(unix.O_PATH|unix.O_DIRECTORY), p.Steps[0].How.Flags)
+			p.Steps[0].Res = res
+			require.True(t, p.Judge())
+			assert.Equal(t, want, p.Status, "%d", res)
+		}
+	})
+	t.Run("through the kernel", func(t *testing.T) {
+		dir := t.TempDir()
+		s, err := Open(dir, Options{})
+		require.NoError(t, err)
+		require.NoError(t, s.Put("ns", key, []byte("payload")))
+		ns, err := unix.Open(filepath.Join(dir, "ns"), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		require.NoError(t, err)
+		defer unix.Close(ns)
+		for k, want := range map[string]Status{string(key): StatusFound, string(testKey(2, 32)): StatusMissing} {
+			var p Program
+			require.NoError(t, p.Start(&cfg, OpLookup, []byte(k), nil, nil, false))
+			p.RunSync(ns)
+			for !p.Judge() {
+				p.RunSync(ns)
+			}
+			assert.Equal(t, want, p.Status, "%v", p.Err)
+			if want == StatusFound {
+				assert.Equal(t, -int32(unix.ENOTDIR), p.Steps[0].Res, "the open of the block")
+			}
+		}
 	})
 	t.Run("without it", func(t *testing.T) {
 		cfg.LookupCachedFirst = false

@@ -153,3 +153,44 @@ func TestSymlinkedFanoutDir(t *testing.T) {
 		assert.Equal(t, before, snapshot(t, outsideTop), "something changed through the link")
 	})
 }
+
+// TestFileInPlaceOfFanoutDir plants a regular file where block 0's leaf
+// fan-out directory belongs: a lookup, a load and a store of the block
+// fail with ENOTDIR, with both lookup operations, and the file is left as
+// it was. The O_PATH lookup's open has O_DIRECTORY, which makes a block
+// that is there ENOTDIR too (found); it tells the two apart because its
+// RESOLVE_CACHED walk cannot go past a file in place of a directory
+// (EAGAIN) and STATX asks again.
+func TestFileInPlaceOfFanoutDir(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		for _, op := range []LookupOp{LookupOpenPath, LookupStatx} {
+			if kind == EngineSync && op != LookupOpenPath {
+				continue // the sync engine has one way
+			}
+			t.Run(op.String(), func(t *testing.T) {
+				tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.Lookup = op })
+				leaf := filepath.Dir(blockFile(tr, 0))
+				require.NoError(t, os.MkdirAll(filepath.Dir(leaf), 0o755))
+				require.NoError(t, os.WriteFile(leaf, []byte("not a directory"), 0o644))
+
+				require.NoError(t, tr.Lookup(1, testKeys(0)))
+				k := await(t, tr, 1)[1].Keys[0]
+				assert.Equal(t, StatusFailed, k.Status, "lookup: %v", k.Err)
+				assert.ErrorIs(t, k.Err, unix.ENOTDIR, "lookup")
+				buf := make([]byte, testBlockSize)
+				require.NoError(t, tr.Load(2, testKeys(0), [][]byte{buf}))
+				require.NoError(t, tr.Store(3, testKeys(1, 0), [][]byte{testPayload(1), testPayload(0)}))
+				k = await(t, tr, 2)[2].Keys[0]
+				assert.Equal(t, StatusFailed, k.Status, "load: %v", k.Err)
+				assert.ErrorIs(t, k.Err, unix.ENOTDIR, "load")
+				res := await(t, tr, 3)[3]
+				assert.Equal(t, StatusStored, res.Keys[0].Status, "another leaf's store: %v", res.Keys[0].Err)
+				assert.Equal(t, StatusFailed, res.Keys[1].Status, "store: %v", res.Keys[1].Err)
+				assert.ErrorIs(t, res.Keys[1].Err, unix.ENOTDIR, "store")
+				b, err := os.ReadFile(leaf)
+				require.NoError(t, err)
+				assert.Equal(t, "not a directory", string(b))
+			})
+		}
+	})
+}

@@ -58,6 +58,7 @@ var conformanceSuite = []struct {
 	{"TestNamespaceRecreatedElsewhere", TestNamespaceRecreatedElsewhere},
 	{"TestNotRegularAtBlockPath", TestNotRegularAtBlockPath},
 	{"TestSymlinkedFanoutDir", TestSymlinkedFanoutDir},
+	{"TestFileInPlaceOfFanoutDir", TestFileInPlaceOfFanoutDir},
 	{"TestLogsStateChangesOnly", TestLogsStateChangesOnly},
 	{"TestVLLMRawCorrupt", TestVLLMRawCorrupt},
 	{"TestVLLMRawStore", TestVLLMRawStore},
