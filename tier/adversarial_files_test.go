@@ -180,10 +180,11 @@ func TestFileInPlaceOfFanoutDir(t *testing.T) {
 				buf := make([]byte, testBlockSize)
 				require.NoError(t, tr.Load(2, testKeys(0), [][]byte{buf}))
 				require.NoError(t, tr.Store(3, testKeys(1, 0), [][]byte{testPayload(1), testPayload(0)}))
-				k = await(t, tr, 2)[2].Keys[0]
+				got := await(t, tr, 2, 3)
+				k = got[2].Keys[0]
 				assert.Equal(t, StatusFailed, k.Status, "load: %v", k.Err)
 				assert.ErrorIs(t, k.Err, unix.ENOTDIR, "load")
-				res := await(t, tr, 3)[3]
+				res := got[3]
 				assert.Equal(t, StatusStored, res.Keys[0].Status, "another leaf's store: %v", res.Keys[0].Err)
 				assert.Equal(t, StatusFailed, res.Keys[1].Status, "store: %v", res.Keys[1].Err)
 				assert.ErrorIs(t, res.Keys[1].Err, unix.ENOTDIR, "store")
