@@ -452,7 +452,7 @@ func (p *Program) lay() {
 			// O_DIRECTORY: a block's file is no directory, so the open of
 			// one that is there ends in ENOTDIR once the walk has found
 			// it, and no file is opened, installed and later freed (warm
-			// lookups, a ring per CPU: 1.2x the keys a second). Only with
+			// lookups, a ring per CPU: 1.17x the keys a second). Only with
 			// RESOLVE_CACHED does ENOTDIR name the last component alone:
 			// a walk that meets a file in place of a directory on the way
 			// leaves the dentry cache's RCU walk and fails with EAGAIN,

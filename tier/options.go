@@ -64,8 +64,9 @@ const (
 	// lookup): the kernel answers it inline, in the owner's thread, when
 	// the path is in the dentry cache. On a local filesystem the open is
 	// RESOLVE_CACHED and O_DIRECTORY, so that a block found ends it in
-	// ENOTDIR with no file made (1.2x the keys a second of an O_PATH open
-	// that makes one), and a path the cache cannot resolve is asked again
+	// ENOTDIR with no file made (1.17x the keys a second of an O_PATH
+	// open that makes one, BenchmarkLookup, a ring per CPU, 5 interleaved
+	// rounds), and a path the cache cannot resolve is asked again
 	// by STATX, in a kernel worker (caches dropped, BenchmarkLookupCold,
 	// 6 interleaved rounds: 1.25x a pool of 64 goroutines calling
 	// fstatat at the median, against 1.05x for the O_PATH open handed to
@@ -191,14 +192,14 @@ type Options struct {
 	// the engine's first design (owners asleep in the kernel, holding a P;
 	// one ring on 2 CPUs and STATX lookups by default), BenchmarkLookup,
 	// 1,024-key batches, medians of 5 interleaved rounds of per-round
-	// ratios: with a ring per CPU, O_PATH lookups made 1.34 (1.23-1.39) of
-	// the first design's default, and STATX 0.82 (0.71-1.22) of its own
-	// STATX on two rings; with one ring, O_PATH made 1.02 (0.93-1.31) of
-	// the first design's O_PATH on one ring but 0.68 (0.61-0.88) of its
-	// default, whose STATX ran in kernel workers on both CPUs where one
-	// ring's inline opens run on one; STATX on one ring made 0.97
-	// (0.84-1.15) of the same, with round trips of 8 keys of 84-106 µs
-	// against 69-112 µs (an earlier week).
+	// ratios: with a ring per CPU, O_PATH lookups (with O_DIRECTORY) made
+	// 1.73 (1.07-2.35) of the first design's default, and STATX 0.82
+	// (0.71-1.22) of its own STATX on two rings; with one ring, O_PATH
+	// made 1.16 (0.90-1.67) of the first design's O_PATH on one ring but
+	// 0.86 (0.62-1.17) of its default, whose STATX ran in kernel workers
+	// on both CPUs where one ring's inline opens run on one; STATX on one
+	// ring made 0.97 (0.84-1.15) of the same, with round trips of 8 keys
+	// of 84-106 µs against 69-112 µs (an earlier week).
 	Rings int
 	// OpsMax is how many key operations one ring (or the sync engine) has
 	// in flight at most. Default 1024, at most 65,536.
