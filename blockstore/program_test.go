@@ -289,13 +289,7 @@ func TestProgramLookupByOpen(t *testing.T) {
 	}
 
 	// Through the kernel: found, and no descriptor left open.
-	dir := t.TempDir()
-	s, err := Open(dir, Options{})
-	require.NoError(t, err)
-	require.NoError(t, s.Put("ns", key, []byte("payload")))
-	ns, err := unix.Open(filepath.Join(dir, "ns"), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	require.NoError(t, err)
-	defer unix.Close(ns)
+	ns := namespaceWith(t, key)
 	before := openFDs(t)
 	var p Program
 	require.NoError(t, p.Start(&cfg, OpLookup, key, nil, nil, false))
@@ -352,13 +346,7 @@ func TestProgramLookupCachedFirst(t *testing.T) {
 		}
 	})
 	t.Run("through the kernel", func(t *testing.T) {
-		dir := t.TempDir()
-		s, err := Open(dir, Options{})
-		require.NoError(t, err)
-		require.NoError(t, s.Put("ns", key, []byte("payload")))
-		ns, err := unix.Open(filepath.Join(dir, "ns"), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		require.NoError(t, err)
-		defer unix.Close(ns)
+		ns := namespaceWith(t, key)
 		for k, want := range map[string]Status{string(key): StatusFound, string(testKey(2, 32)): StatusMissing} {
 			var p Program
 			require.NoError(t, p.Start(&cfg, OpLookup, []byte(k), nil, nil, false))
@@ -381,6 +369,19 @@ func TestProgramLookupCachedFirst(t *testing.T) {
 		require.True(t, p.Judge())
 		assert.Equal(t, StatusFailed, p.Status)
 	})
+}
+
+// namespaceWith stores key's block in a new Store and returns its
+// namespace directory's descriptor, closed when t ends.
+func namespaceWith(t *testing.T, key []byte) int {
+	dir := t.TempDir()
+	s, err := Open(dir, Options{})
+	require.NoError(t, err)
+	require.NoError(t, s.Put("ns", key, []byte("payload")))
+	ns, err := unix.Open(filepath.Join(dir, "ns"), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { unix.Close(ns) })
+	return ns
 }
 
 // openFDs counts this process's open descriptors.
