@@ -116,6 +116,7 @@ type config struct {
 	metricsAddr string        // serve Prometheus metrics here during the run
 	plot        string        // draw the run into this PNG or SVG file
 	jobs        int           // processes, each with its own tier, on one directory
+	rounds      int           // run the engines this many times, in alternating order
 	jobIndex    int           // in a job's process: its index; -1 in the parent
 
 	// report
@@ -380,6 +381,12 @@ func (c *config) validateWorkload() error {
 	}
 	if c.jobs < 1 || c.jobs > 256 {
 		return usagef("--jobs %d: want 1 to 256", c.jobs)
+	}
+	if c.rounds < 1 || c.rounds > 1000 {
+		return usagef("--rounds %d: want 1 to 1000", c.rounds)
+	}
+	if c.rounds > 1 && (c.jobs > 1 || c.command == "mixed") {
+		return usagef("--rounds with --jobs or mixed: not supported; run the command again instead")
 	}
 	if c.jobs > 1 && c.latency > 0 {
 		return usagef("--latency with --jobs: each job would mount its own FUSE; run the jobs without --latency")

@@ -387,6 +387,9 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"run", "--namespace", "../up"}, "--namespace"},
 		{[]string{"evict", "--dir", dir}, "--max-size is required"},
 		{[]string{"verify", "--dir", dir, "extra"}, `unexpected argument "extra"`},
+		{[]string{"lookup", "--dir", dir, "--rounds", "0"}, "--rounds 0"},
+		{[]string{"lookup", "--dir", dir, "--rounds", "2", "--jobs", "2"}, "--rounds with --jobs"},
+		{[]string{"mixed", "--dir", dir, "--rounds", "2"}, "--rounds with --jobs or mixed"},
 	} {
 		code, stdout, stderr := tierbench(t, c.args...)
 		assert.Equal(t, exitUsage, code, "%v", c.args)

@@ -54,9 +54,18 @@ func (s *session) report(rs []*result) error {
 		}
 		return nil
 	}
+	engines := engineRatios(rs)
 	if c.json {
 		enc := json.NewEncoder(c.stdout)
 		for _, r := range rs {
+			if err := enc.Encode(r); err != nil {
+				return err
+			}
+		}
+		for _, r := range engines {
+			if c.rounds <= 1 {
+				break // the default run's lines stay results alone
+			}
 			if err := enc.Encode(r); err != nil {
 				return err
 			}
@@ -72,6 +81,7 @@ func (s *session) report(rs []*result) error {
 	} else {
 		printTable(c.stdout, rs)
 		fmt.Fprintln(c.stdout)
+		fmt.Fprint(c.stdout, ratioLines(engines))
 		for _, r := range s.ratios {
 			fmt.Fprintln(c.stdout, r.text)
 		}
@@ -109,13 +119,14 @@ func (s *session) report(rs []*result) error {
 }
 
 // printTable prints one row per engine × workload (× job, with --jobs;
-// × phase, for mixed).
+// × phase, for mixed; × round, with --rounds).
 func printTable(w io.Writer, rs []*result) {
-	jobs, phases, full := false, false, false
+	jobs, phases, full, rounds := false, false, false, false
 	for _, r := range rs {
 		jobs = jobs || r.Jobs > 1 || r.Job > 0
 		phases = phases || r.Phase != ""
 		full = full || r.Full > 0
+		rounds = rounds || r.Round > 1
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	job := ""
@@ -124,6 +135,9 @@ func printTable(w io.Writer, rs []*result) {
 	}
 	if phases {
 		job = "phase   \t" + job
+	}
+	if rounds {
+		job = "round\t" + job
 	}
 	fullHead := ""
 	if full {
@@ -148,6 +162,9 @@ func printTable(w io.Writer, rs []*result) {
 		}
 		if phases {
 			job = fmt.Sprintf("%-8s\t", r.Phase) + job
+		}
+		if rounds {
+			job = strconv.Itoa(r.Round) + "\t" + job
 		}
 		fullCol := ""
 		if full {

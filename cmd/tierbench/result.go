@@ -76,6 +76,8 @@ type result struct {
 	Evicted      uint64 `json:"evicted"`
 	EvictedBytes uint64 `json:"evicted_bytes"`
 	Evictor      bool   `json:"evictor"`
+	// Round is which of --rounds measured the row, from 1.
+	Round int `json:"round"`
 
 	hist       latency.Counts // batch latencies: submit call to the Poll that returned the result
 	opHist     latency.Counts // the tier's kernel operation latencies during the workload
@@ -121,6 +123,9 @@ func (r *result) finish() {
 	r.Type = "result"
 	if r.Jobs == 0 {
 		r.Jobs = 1
+	}
+	if r.Round == 0 {
+		r.Round = 1
 	}
 	r.Seconds = r.elapsed.Seconds()
 	if r.Seconds > 0 {

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 
 	"github.com/dustin/go-humanize"
@@ -67,6 +68,7 @@ func workloadFlags(withData bool) func(*flag.FlagSet, *config) {
 		fs.StringVar(&c.plot, "plot", "", "draw throughput and latency over time and the latency distributions into this .png or .svg file")
 		fs.IntVar(&c.jobs, "jobs", 1, "processes, each with its own tier, on the one directory (as tensor-parallel ranks or servers sharing it)")
 		fs.IntVar(&c.jobIndex, "job-index", -1, "")
+		fs.IntVar(&c.rounds, "rounds", 1, "run every engine this many times, in turn and in alternating order, and print the first engine's figures divided by the other's: the median of the rounds' ratios, with their range (with --json, an engine_ratio object per workload)")
 	}
 }
 
@@ -133,13 +135,22 @@ func (s *session) runEngines(runEngine func(tier.EngineKind) ([]*result, error))
 		return nil, err
 	}
 	var all []*result
-	for _, kind := range s.engines() {
-		rs, err := runEngine(kind)
-		all = append(all, rs...)
-		if err != nil {
-			unmount()
-			return nil, fmt.Errorf("engine %s: %w", kind, err)
+	kinds := s.engines()
+	for round := 1; round <= max(s.c.rounds, 1); round++ {
+		for _, kind := range kinds {
+			rs, err := runEngine(kind)
+			for _, r := range rs {
+				r.Round = round
+			}
+			all = append(all, rs...)
+			if err != nil {
+				unmount()
+				return nil, fmt.Errorf("engine %s: %w", kind, err)
+			}
 		}
+		// Who runs first meets the filesystem as the last run left it
+		// (a store after a store, ext4 after mass deletes): take turns.
+		slices.Reverse(kinds)
 	}
 	if err := unmount(); err != nil {
 		return nil, fmt.Errorf("--latency: unmount: %w", err)
