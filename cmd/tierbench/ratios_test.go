@@ -68,7 +68,7 @@ func TestEngineRatios(t *testing.T) {
 		row(1, "uring", "lookup", 300, 2, 100), row(1, "sync", "lookup", 100, 4, 100),
 		row(1, "uring", "load", 10, 1, 1), row(1, "sync", "load", 10, 1, 1),
 		row(2, "sync", "lookup", 100, 4, 50), row(2, "uring", "lookup", 100, 4, 100),
-		row(3, "uring", "lookup", 200, 1, 100), // its sync row is missing: round 3 is left out
+		row(3, "uring", "lookup", 200, 1, 100),                                      // its sync row is missing: round 3 is left out
 		row(4, "uring", "lookup", 150, 2, 100), row(4, "sync", "lookup", 0, 4, 100), // no keys: left out
 		row(5, "uring", "lookup", 200, 2, 300), row(5, "sync", "lookup", 100, 2, 100),
 		row(5, "uring", "populate", 1, 1, 1),
