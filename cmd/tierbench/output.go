@@ -62,12 +62,11 @@ func (s *session) report(rs []*result) error {
 				return err
 			}
 		}
-		for _, r := range engines {
-			if c.rounds <= 1 {
-				break // the default run's lines stay results alone
-			}
-			if err := enc.Encode(r); err != nil {
-				return err
+		if c.rounds > 1 { // the default run's lines stay results alone
+			for _, r := range engines {
+				if err := enc.Encode(r); err != nil {
+					return err
+				}
 			}
 		}
 		for _, r := range s.ratios {

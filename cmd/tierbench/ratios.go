@@ -7,10 +7,10 @@ import (
 )
 
 // engineRatio compares two engines on one workload: in each round, the
-// first engine's figure divided by the second's, measured minutes apart
-// in one run, and the median of those ratios with their range. This
-// machine's speed drifts from one minute to the next (README): ratios
-// within a round hold where absolute figures do not.
+// first engine's figure divided by the second's, measured one after the
+// other, and the median of those ratios with their range. A VM's speed
+// drifts from one minute to the next (README): ratios within a round
+// hold where absolute figures do not.
 type engineRatio struct {
 	Type       string `json:"type"` // "engine_ratio"
 	Workload   string `json:"workload"`
