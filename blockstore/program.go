@@ -328,6 +328,10 @@ type Config struct {
 	LookupCachedFirst bool
 }
 
+// Walking reports whether a lookup by RESOLVE_CACHED open found its path
+// outside the dentry cache and asks STATX instead (its second phase).
+func (p *Program) Walking() bool { return p.phase == phaseWalk }
+
 // KeyBytes returns the program's key.
 func (p *Program) KeyBytes() []byte { return p.Key[:p.KeyLen] }
 

@@ -324,13 +324,17 @@ func TestProgramLookupCachedFirst(t *testing.T) {
 			require.Equal(t, 1, p.N)
 			require.Equal(t, StepOpen, p.Steps[0].Op)
 			assert.Equal(t, uint64(ResolveBeneath|resolveCached), p.Steps[0].How.Resolve)
+			assert.False(t, p.Walking(), "before the open's answer")
 			p.Steps[0].Res = -int32(unix.EAGAIN)
 			require.False(t, p.Judge(), "EAGAIN decided the lookup")
+			assert.True(t, p.Walking(), "after EAGAIN")
 			require.Equal(t, 1, p.N)
 			require.Equal(t, StepStatx, p.Steps[0].Op)
 			p.Steps[0].Res, p.Stx.Mode = c.res, c.mode
 			require.True(t, p.Judge())
 			assert.Equal(t, c.want, p.Status, "%v", p.Err)
+			require.NoError(t, p.Start(&cfg, OpLookup, key, nil, nil, false))
+			assert.False(t, p.Walking(), "the program started again")
 		})
 	}
 	t.Run("answered from the cache", func(t *testing.T) {

@@ -86,6 +86,8 @@ type uringBackend struct {
 	rearm     bool    // the waker fired: arm it again
 	cfg       blockstore.Config
 	cfgOpen   blockstore.Config // lookups by O_PATH open (LookupOpenPath, half of LookupMixed)
+	uncached  int               // the latest cached-first lookup opens in a row that the dentry cache could not answer
+	skipped   int               // lookups sent to STATX at once since the last cached-first open
 	broken    error             // the ring failed: ops fail with this, nothing more goes to the kernel
 	wakeC     chan struct{}     // wake's token, for an owner asleep with nothing in the kernel
 	timer     *time.Timer       // the owner's, for such sleeps
@@ -95,6 +97,17 @@ type uringBackend struct {
 	empty     []int32           // OpsMax times -1, to empty slots with
 	queued    int               // bytes of the reads and writes queued since the last submission
 }
+
+// A ring whose latest coldRun cached-first lookup opens all missed the
+// dentry cache (caches dropped, a tree never walked) sends lookups to
+// STATX at once, all but one in coldProbe+1, which tries the cache again;
+// one that the cache answers ends it. The open that fails and the STATX
+// after it answered 0.7x the keys a second of STATX alone (caches
+// dropped, BenchmarkLookupCold).
+const (
+	coldRun   = 64
+	coldProbe = 15
+)
 
 // ringFault, when set (by tests), is asked before each submission, with
 // the number of SQEs it hands over, and may return the error the kernel
@@ -328,6 +341,16 @@ func (b *uringBackend) start(i int32, o *op, done []int32) []int32 {
 	cfg := &b.cfg
 	if b.t.opts.Lookup == LookupOpenPath || b.t.opts.Lookup == LookupMixed && i%2 == 0 {
 		cfg = &b.cfgOpen
+		switch {
+		case o.kind != OpLookup:
+		case b.uncached >= coldRun && b.skipped < coldProbe:
+			// The dentry cache answered none of the latest lookups:
+			// ask STATX at once, and try the cache again now and then.
+			cfg = &b.cfg
+			b.skipped++
+		default:
+			b.skipped = 0
+		}
 	}
 	p := &b.progs[i]
 	if b.broken != nil {
@@ -595,6 +618,9 @@ func (b *uringBackend) complete(i int32, k int, res int32) bool {
 func (b *uringBackend) evaluate(i int32) {
 	p := &b.progs[i]
 	if !p.Judge() {
+		if p.Walking() {
+			b.uncached++
+		}
 		if p.Renew {
 			// A store found a directory gone: perhaps the namespace
 			// directory itself (a few blocking calls, only then).
@@ -603,6 +629,9 @@ func (b *uringBackend) evaluate(i int32) {
 		}
 		b.next = append(b.next, i)
 		return
+	}
+	if p.Op == blockstore.OpLookup && p.Steps[0].Probe {
+		b.uncached = 0 // the dentry cache answered it
 	}
 	o := &b.s.ops[i]
 	o.status, o.err = tierStatus[p.Status], p.Err

@@ -32,6 +32,7 @@ var conformanceSuite = []struct {
 	{"TestStoreFromBuffers", TestStoreFromBuffers},
 	{"TestDelete", TestDelete},
 	{"TestCapacityEvictsLRU", TestCapacityEvictsLRU},
+	{"TestEvictPastBlocksUsedElsewhere", TestEvictPastBlocksUsedElsewhere},
 	{"TestCapacityFull", TestCapacityFull},
 	{"TestOneEvictor", TestOneEvictor},
 	{"TestStatfsSkipsRescans", TestStatfsSkipsRescans},
@@ -68,6 +69,7 @@ var conformanceSuite = []struct {
 
 // notInConformanceSuite is every other test of this package, with the reason it stays out.
 var notInConformanceSuite = map[string]string{
+	"TestColdLookupsAskStatxFirst":    "it counts the io_uring engine's SQEs",
 	"TestOpenFailsCleanly":            "it makes the io_uring engine's set-up fail, which needs io_uring",
 	"TestEngineEnvOverridesAuto":      "it asks for io_uring through URINGTIER_ENGINE=uring, which must fail without it; linux_test.TestNoIOURing checks that failure",
 	"TestConformanceWithoutIOURing":   "it is the test that runs the suite in the child",

@@ -2,6 +2,7 @@ package tier
 
 import (
 	"context"
+	"os"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // TestSubmitChunks counts the io_uring engine's submissions of a
@@ -86,6 +88,52 @@ func TestSubmitChunks(t *testing.T) {
 			assert.LessOrEqual(t, used, 2*submitChunk, "rings %d, ring %d: op slots used by %d found keys", c.rings, s.idx, len(keys)/2)
 		}
 	}
+}
+
+// TestColdLookupsAskStatxFirst: once a ring's cached-first opens have
+// missed the dentry cache coldRun times in a row (caches dropped), its
+// lookups go to STATX at once, all but one in coldProbe+1 (without it, every
+// cold key made an open and a STATX: twice the SQEs); with the tree in the
+// cache again, the first probe that the cache answers ends that, and the
+// rest of the lookups are opens again.
+func TestColdLookupsAskStatxFirst(t *testing.T) {
+	var sqes atomic.Int64
+	ringFault = func(n uint32) error {
+		sqes.Add(int64(n))
+		return nil
+	}
+	t.Cleanup(func() { ringFault = nil })
+	const n = 512
+	keys := make([]int, n)
+	for i := range keys {
+		keys[i] = i
+	}
+	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.Rings, o.OpsMax = 1, n })
+	be := tr.shards[0].be.(*uringBackend)
+	put(t, tr, keys...)
+	unix.Sync()
+	require.NoError(t, os.WriteFile("/proc/sys/vm/drop_caches", []byte("2\n"), 0), "dropping the dentry cache")
+
+	lookup := func(req uint64) int64 {
+		t.Helper()
+		sqes.Store(0)
+		require.NoError(t, tr.Lookup(req, testKeys(keys...)))
+		for i, k := range await(t, tr, req)[req].Keys {
+			require.Equal(t, StatusFound, k.Status, "request %d, key %d: %v", req, i, k.Err)
+		}
+		return sqes.Load()
+	}
+	cold := lookup(1)
+	t.Logf("cold: %d SQEs for %d keys; %d uncached in a row", cold, n, be.uncached)
+	// A STATX a key, the opens before the run was long enough, and the
+	// probes: 1.2 a key; an open and a STATX a key would be 2.
+	assert.Less(t, cold, int64(n*3/2), "SQEs of cold lookups")
+	assert.GreaterOrEqual(t, be.uncached, coldRun, "the run of uncached opens")
+
+	warm := lookup(2)
+	t.Logf("warm: %d SQEs for %d keys; %d uncached in a row", warm, n, be.uncached)
+	assert.Equal(t, 0, be.uncached, "a probe that the cache answered ended the run")
+	assert.Equal(t, int64(n), warm, "an SQE a key")
 }
 
 // TestLockedOwnerWithSpareP runs an owner locked to its thread (STATX
