@@ -57,6 +57,23 @@ func waitStats(t *testing.T, tr *Tier, what string, cond func(Stats) bool) Stats
 	}
 }
 
+// seedOld puts blocks 0..n-1 into dir through a tier of its own, closed
+// again, with block i last used at base + i seconds, an hour ago; it
+// returns base.
+func seedOld(t *testing.T, kind EngineKind, dir string, n int) time.Time {
+	t.Helper()
+	seed := openTier(t, kind, dir, nil)
+	idx := make([]int, n)
+	for i := range idx {
+		idx[i] = i
+	}
+	put(t, seed, idx...)
+	base := time.Now().Add(-time.Hour)
+	ageBlocks(t, seed, base, idx...)
+	require.NoError(t, seed.Close(context.Background()))
+	return base
+}
+
 func capacityOptions(blocks int) func(*Options) {
 	return func(o *Options) {
 		o.Capacity = int64(blocks) * testFileSize
@@ -73,15 +90,7 @@ func TestCapacityEvictsLRU(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, kind EngineKind) {
 		dir := t.TempDir()
 		// Capacity 20 blocks: high mark 18, low mark 16. 24 blocks: 8 go.
-		seed := openTier(t, kind, dir, nil)
-		idx := make([]int, 24)
-		for i := range idx {
-			idx[i] = i
-		}
-		put(t, seed, idx...)
-		base := time.Now().Add(-time.Hour)
-		ageBlocks(t, seed, base, idx...)
-		require.NoError(t, seed.Close(context.Background()))
+		seedOld(t, kind, dir, 24)
 
 		tr := openTier(t, kind, dir, capacityOptions(20))
 		st := waitStats(t, tr, "eviction to the low mark", func(s Stats) bool { return s.Evicted == 8 && s.Usage == 16*testFileSize })
@@ -123,15 +132,7 @@ func TestCapacityEvictsLRU(t *testing.T) {
 func TestEvictPastBlocksUsedElsewhere(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, kind EngineKind) {
 		dir := t.TempDir()
-		seed := openTier(t, kind, dir, nil)
-		idx := make([]int, 17)
-		for i := range idx {
-			idx[i] = i
-		}
-		put(t, seed, idx...)
-		old := time.Now().Add(-time.Hour)
-		ageBlocks(t, seed, old, idx...)
-		require.NoError(t, seed.Close(context.Background()))
+		old := seedOld(t, kind, dir, 17)
 		// Old directories too, or the evictor's rescans read them again
 		// (a directory changed within the second of its last read may
 		// change again unseen) and learn the new times on their own.
