@@ -108,9 +108,6 @@ func (b *syncBackend) run(p *blockstore.Program, o *op, hdr []byte) (Status, err
 	if err := p.Start(&b.cfg, programOp[o.kind], o.keyBytes(), o.buf, hdr, b.t.engine.Direct && aligned(o.buf)); err != nil {
 		return StatusFailed, err
 	}
-	// The time the op started, not a clock read of its own: current's
-	// time.Now was 4% of the sync engine's CPU profile of warm lookups
-	// (BenchmarkLookup, a VM whose clock reads are dear).
 	dir := b.ns.currentAt(o.started)
 	for {
 		p.RunSync(dir)

@@ -68,16 +68,13 @@ func openDir(path string) (int, error) {
 	}
 }
 
-// current returns the dirfd to use now. At most once a second it also
-// asks for a check, which the checker goroutine makes: the caller may be a
-// ring owner, which must not wait for the filesystem (nor allocate a
-// goroutine per check). Safe from any goroutine until close.
-func (d *nsDirFD) current() int { return d.currentAt(time.Now()) }
-
-// currentAt is current for a caller that has read the clock already: a
-// ring owner starting keys, for which a clock read per key was 1.3% of a
-// warm-lookup benchmark's CPU profile (BenchmarkLookup, O_PATH, a ring per
-// CPU), about an eighth of the owners' time outside the kernel.
+// currentAt returns the dirfd to use at t, the time its caller started
+// the op (a clock read per key was 1.3% of a warm-lookup benchmark's CPU
+// profile on a ring owner, BenchmarkLookup, O_PATH, a ring per CPU, and
+// 3-4% of a sync worker's). At most once a second it also asks for a
+// check, which the checker goroutine makes: the caller may be a ring
+// owner, which must not wait for the filesystem (nor allocate a goroutine
+// per check). Safe from any goroutine until close.
 func (d *nsDirFD) currentAt(t time.Time) int {
 	now := int64(t.Sub(d.epoch))
 	if at := d.checkAt.Load(); now >= at && d.checkAt.CompareAndSwap(at, now+int64(nsCheckInterval)) {
@@ -91,7 +88,7 @@ func (d *nsDirFD) currentAt(t time.Time) int {
 
 // stop ends the checker, leaving the fds open: for a backend whose kernel
 // operations may still resolve paths against them. Nothing may call
-// current afterwards.
+// currentAt afterwards.
 func (d *nsDirFD) stop() { d.stopOnce.Do(func() { close(d.kick) }) }
 
 // checker makes the checks current asks for, until stop.
