@@ -91,7 +91,7 @@ func (d *nsDirFD) currentAt(t time.Time) int {
 // currentAt afterwards.
 func (d *nsDirFD) stop() { d.stopOnce.Do(func() { close(d.kick) }) }
 
-// checker makes the checks current asks for, until stop.
+// checker makes the checks currentAt asks for, until stop.
 func (d *nsDirFD) checker() {
 	for range d.kick {
 		d.check()
@@ -168,7 +168,7 @@ func (d *nsDirFD) replace(old, nfd int) {
 }
 
 // release is a backend's last use: once no op of its own can use the fds
-// and it calls current no more. keep says that its kernel may still
+// and it calls currentAt no more. keep says that its kernel may still
 // resolve paths against them (a broken ring): they then stay open. The
 // last release ends the checker and closes the fds unless one kept them.
 func (d *nsDirFD) release(keep bool) {
