@@ -87,7 +87,7 @@ type uringBackend struct {
 	cfg       blockstore.Config
 	cfgOpen   blockstore.Config // lookups by O_PATH open (LookupOpenPath, half of LookupMixed)
 	uncached  int               // the latest cached-first lookup opens in a row that the dentry cache could not answer
-	skipped   int               // lookups sent to STATX at once since the last cached-first open
+	coldN     uint              // lookups started while uncached was coldRun or more: every coldProbe+1'th tries the cache
 	broken    error             // the ring failed: ops fail with this, nothing more goes to the kernel
 	wakeC     chan struct{}     // wake's token, for an owner asleep with nothing in the kernel
 	timer     *time.Timer       // the owner's, for such sleeps
@@ -343,15 +343,12 @@ func (b *uringBackend) start(i int32, o *op, done []int32) []int32 {
 	cfg := &b.cfg
 	if b.t.opts.Lookup == LookupOpenPath || b.t.opts.Lookup == LookupMixed && i%2 == 0 {
 		cfg = &b.cfgOpen
-		switch {
-		case o.kind != OpLookup:
-		case b.uncached >= coldRun && b.skipped < coldProbe:
+		if o.kind == OpLookup && b.uncached >= coldRun {
 			// The dentry cache answered none of the latest lookups:
 			// ask STATX at once, and try the cache again now and then.
-			cfg = &b.cfg
-			b.skipped++
-		default:
-			b.skipped = 0
+			if b.coldN++; b.coldN%(coldProbe+1) != 0 {
+				cfg = &b.cfg
+			}
 		}
 	}
 	p := &b.progs[i]
