@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/uringtier/uringtier/blockstore"
+	"github.com/uringtier/uringtier/internal/faultfs"
 	"github.com/uringtier/uringtier/tier"
 )
 
@@ -581,4 +583,46 @@ func waitEvicted(t *testing.T, tr *tier.Tier) tier.Stats {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// TestCountDatedAtLookStart: a count is dated at the start of the look that made it, not at the
+// end of its rescan. Directory listings on a FUSE mount take 300 ms each; the date the evictor
+// publishes in the lease, from which every tier extrapolates the stores made since, precedes them.
+// Dated at the rescan's end, a slow filesystem's estimate forgot what was stored meanwhile.
+func TestCountDatedAtLookStart(t *testing.T) {
+	fsys := mountFaultFS(t)
+	tr := openTier(t, tier.EngineURing, fsys.Mountpoint(), func(o *tier.Options) {
+		o.Capacity, o.EvictInterval = 64<<20, time.Hour
+	})
+	ctx := context.Background()
+	store := func(req uint64, from int) {
+		bufs := make([][]byte, 16)
+		for i := range bufs {
+			bufs[i] = payload(from+i, blockSize)
+		}
+		require.NoError(t, tr.Store(req, keyRange(from, from+16), bufs))
+		for _, s := range statuses(await(t, tr, req)[req]) {
+			require.Equal(t, tier.StatusStored, s)
+		}
+	}
+	require.NoError(t, tr.EvictNow(ctx)) // the first scan: stores are refused until a count
+	store(1, 0)
+	require.NoError(t, tr.EvictNow(ctx))
+	store(2, 16) // new blocks in new directories: the next look re-reads them
+	const latency = 300 * time.Millisecond
+	rule, err := fsys.Inject(faultfs.Fault{Ops: faultfs.OpReaddir, Latency: latency})
+	require.NoError(t, err)
+	start := time.Now()
+	require.NoError(t, tr.EvictNow(ctx))
+	took := time.Since(start)
+	require.Positive(t, rule.Fired(), "the rescan listed no directory")
+	require.GreaterOrEqual(t, took, latency, "the look did not wait for the slow listings")
+	_, state, err := blockstore.ReadLease(filepath.Join(fsys.Backing(), tr.Namespace()))
+	require.NoError(t, err)
+	var usage, at int64
+	_, err = fmt.Sscanf(string(state), "usage %d at %d", &usage, &at)
+	require.NoError(t, err, "lease state %q", state)
+	t.Logf("look took %v over %d slow listings; its count dated %v after its start", took, rule.Fired(), time.Unix(0, at).Sub(start))
+	assert.Less(t, at, start.Add(latency/2).UnixNano(), "the count is dated after the slow listings")
+	assert.Equal(t, int64(32*(blockstore.HeaderSize+blockSize)), usage)
 }
