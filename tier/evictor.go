@@ -218,13 +218,13 @@ func (e *evictor) tick(now time.Time) error {
 	// count: they are added to it, so that a count never forgets them
 	// (which let one store past a full namespace).
 	mark := t.cap.ownStored.Load()
-	// The count is as of the look's start: the walk reads directories
-	// from then on, and stores that land in those it has read are not in
-	// it. Extrapolating from the start errs high. From the walk's end, on
-	// a GlusterFS client whose rescans took 0.3-1.8 s, the estimate
-	// forgot what the other tiers stored meanwhile, and they passed the
-	// capacity by 9% (13.1 MiB of 12).
-	counted := time.Now()
+	// The count is dated now, at the look's start: the walk reads
+	// directories from then on, and stores that land in those it has read
+	// are not in it. Extrapolating from the start errs high. From the
+	// walk's end, on a GlusterFS client whose rescans took 0.3-1.8 s, the
+	// estimate forgot what the other tiers stored meanwhile, and they
+	// passed the capacity by 9% (13.1 MiB of 12).
+	counted := now
 	switch {
 	case e.index == nil:
 		if err := e.scan(); err != nil {
@@ -242,9 +242,10 @@ func (e *evictor) tick(now time.Time) error {
 		e.count(min(t.cap.usage.Load(), fsUsed), now)
 		return e.publish(e.counted, now)
 	default:
+		start := time.Now()
 		rs, err := e.index.Refresh()
 		t.cap.rescanned.Add(uint64(rs.Changed))
-		t.log.Debug("tier: evictor: rescanned", "dirs", rs.Dirs, "changed", rs.Changed, "added", rs.Added, "removed", rs.Removed, "took", time.Since(counted))
+		t.log.Debug("tier: evictor: rescanned", "dirs", rs.Dirs, "changed", rs.Changed, "added", rs.Added, "removed", rs.Removed, "took", time.Since(start))
 		if err != nil {
 			return e.fail("rescan", err)
 		}

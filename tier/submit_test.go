@@ -112,7 +112,9 @@ func TestColdLookupsAskStatxFirst(t *testing.T) {
 	be := tr.shards[0].be.(*uringBackend)
 	put(t, tr, keys...)
 	unix.Sync()
-	require.NoError(t, os.WriteFile("/proc/sys/vm/drop_caches", []byte("2\n"), 0), "dropping the dentry cache")
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("2\n"), 0); err != nil {
+		t.Skipf("cannot drop the dentry cache: %v", err)
+	}
 
 	lookup := func(req uint64) int64 {
 		t.Helper()
