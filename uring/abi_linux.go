@@ -41,6 +41,9 @@ const (
 	sqTaskrun    = 1 << 2 // IORING_SQ_TASKRUN
 )
 
+// CQ ring flags: the word at cq_off.flags, "IORING_CQ_*".
+const cqEventfdDisabled = 1 << 0 // IORING_CQ_EVENTFD_DISABLED
+
 // io_uring_enter flags: "IORING_ENTER_*".
 const (
 	enterGetEvents = 1 << 0 // IORING_ENTER_GETEVENTS

@@ -102,6 +102,7 @@ type Ring struct {
 	sqes      []SQE
 
 	cqHead    *uint32 // we advance as we reap
+	cqFlags   *uint32 // we set IORING_CQ_EVENTFD_DISABLED; nil where the kernel has no CQ flags
 	cqTail    *uint32 // kernel advances as it posts
 	cqMask    uint32
 	cqEntries uint32
@@ -209,11 +210,32 @@ func (r *Ring) mmap(p *params) error {
 	}
 	r.cqHead = u32(cqMem, p.cqOff.head)
 	r.cqTail = u32(cqMem, p.cqOff.tail)
+	if p.cqOff.flags != 0 {
+		r.cqFlags = u32(cqMem, p.cqOff.flags)
+	}
 	r.cqMask = *u32(cqMem, p.cqOff.ringMask)
 	r.cqEntries = *u32(cqMem, p.cqOff.ringEntries)
 	r.cqes = unsafe.Slice((*CQE)(unsafe.Pointer(&cqMem[p.cqOff.cqes])), p.cqEntries)
 	r.sqeTail = atomic.LoadUint32(r.sqTail)
 	return nil
+}
+
+// NotifyEventfd turns the registered eventfd's signals on or off
+// (IORING_CQ_EVENTFD_DISABLED): an owner that reaps as it goes needs them
+// only while it sleeps. The kernel reads the flag as it posts, so a
+// completion posted just before notifications are turned on may not
+// signal: check Ready after turning them on, before sleeping. It reports
+// whether the kernel has the flag; without it, signals stay on.
+func (r *Ring) NotifyEventfd(on bool) bool {
+	if r.cqFlags == nil {
+		return false
+	}
+	if on {
+		atomic.AndUint32(r.cqFlags, ^uint32(cqEventfdDisabled))
+	} else {
+		atomic.OrUint32(r.cqFlags, cqEventfdDisabled)
+	}
+	return true
 }
 
 // Flags returns the setup flags in force.

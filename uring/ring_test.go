@@ -766,6 +766,37 @@ func TestEventfdAnnouncesDeferredWork(t *testing.T) {
 	assert.Equal(t, int32(2), cqes[0].Res)
 }
 
+// TestNotifyEventfdToggles checks IORING_CQ_EVENTFD_DISABLED as the tier's
+// owners use it: with signals off a completion leaves the eventfd unread,
+// and with them on again the next completion signals it.
+func TestNotifyEventfdToggles(t *testing.T) {
+	r := newRing(t, 8, Options{})
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	require.NoError(t, err)
+	defer unix.Close(efd)
+	require.NoError(t, r.RegisterEventfd(efd))
+	var ev [8]byte
+	nop := func(ud uint64) {
+		s := getSQE(t, r)
+		s.PrepareNop()
+		s.UserData = ud
+		require.Equal(t, int32(0), run(t, r, 1)[ud].Res)
+	}
+	nop(1)
+	_, err = unix.Read(efd, ev[:])
+	require.NoError(t, err, "a completion with signals on (the default) did not signal")
+
+	require.True(t, r.NotifyEventfd(false), "this kernel has no CQ ring flags")
+	nop(2)
+	_, err = unix.Read(efd, ev[:])
+	require.ErrorIs(t, err, unix.EAGAIN, "a completion signalled with signals off")
+
+	require.True(t, r.NotifyEventfd(true))
+	nop(3)
+	_, err = unix.Read(efd, ev[:])
+	require.NoError(t, err, "a completion with signals on again did not signal")
+}
+
 // TestUpdateFilesEmptiesSlots: an open into a slot that holds a file
 // replaces it, and UpdateFiles with -1 empties slots.
 func TestUpdateFilesEmptiesSlots(t *testing.T) {
