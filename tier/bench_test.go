@@ -501,11 +501,24 @@ func dropCaches() error {
 // CPU work as long as a typical call: whatever makes the spin's p99.9 long
 // (the thread preempted by the owners, kernel workers, interrupts, the Go
 // runtime) makes the calls' long too. Reported: p50 and p99.9 of the calls
-// and of the spins, in µs.
+// and of the spins, in µs. engine=none spins with no tier at all: the
+// machine's own floor, which no call can go below.
 func BenchmarkCallerFloor(b *testing.B) {
 	const spinFor = 20 * time.Microsecond
 	dir := lookupFixture(b)
 	keys := testKeys(seq(0, 1024)...)
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+	b.Run("engine=none", func(b *testing.B) {
+		var spins latency.Counts
+		for b.Loop() {
+			t0 := time.Now()
+			for time.Since(t0) < spinFor {
+			}
+			spins.Record(time.Since(t0))
+		}
+		b.ReportMetric(us(spins.Quantile(0.5)), "spin-p50-µs")
+		b.ReportMetric(us(spins.Quantile(0.999)), "spin-p99.9-µs")
+	})
 	for _, e := range []struct {
 		name string
 		kind EngineKind
@@ -543,7 +556,6 @@ func BenchmarkCallerFloor(b *testing.B) {
 					<-tr.Ready()
 				}
 			}
-			us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 			b.ReportMetric(us(calls.Quantile(0.5)), "call-p50-µs")
 			b.ReportMetric(us(calls.Quantile(0.999)), "call-p99.9-µs")
 			b.ReportMetric(us(spins.Quantile(0.5)), "spin-p50-µs")
