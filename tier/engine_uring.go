@@ -755,9 +755,9 @@ func (b *uringBackend) idle(d time.Duration) (woken bool) {
 		// 79-101 µs, against 89-2,589 µs with signals always on, two of
 		// the runs above 1.5 ms). On before the sleep, and the CQ looked
 		// at again: a completion posted just before was not signalled.
-		// The kernel reads the flag without a barrier after it posts, so
-		// a signal can still be lost in a window of nanoseconds: the
-		// sleep is bounded by quietMax.
+		// Nothing here relies on how the kernel orders its read of the
+		// flag with its post: a signal lost to that costs at most
+		// quietMax, which bounds the sleep.
 		b.ring.NotifyEventfd(true)
 		defer b.ring.NotifyEventfd(false)
 		if b.ring.Ready() > 0 || b.ring.NeedsEnter() {
@@ -778,8 +778,8 @@ func (b *uringBackend) idle(d time.Duration) (woken bool) {
 	return woken
 }
 
-// quietMax bounds an owner's sleep on the eventfd: what a signal lost to
-// the kernel's unordered read of IORING_CQ_EVENTFD_DISABLED can cost.
+// quietMax bounds an owner's sleep on the eventfd with signals toggled:
+// what a signal lost between turning them on and sleeping can cost.
 const quietMax = 100 * time.Millisecond
 
 // prepareNext prepares what the handled completions asked for: next
