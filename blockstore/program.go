@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -248,6 +249,40 @@ type DirCache interface {
 	Forget(dir []byte)
 }
 
+// DirGuess learns whether a store's directories that its engine has not
+// seen yet are usually there (a tree filled before: by other processes,
+// or by this one before a restart) or usually missing (a new tree). A
+// store tries first without its MKDIRs where they are usually there, and
+// makes and checks them first where they are usually missing: a first try
+// that does not find them costs an open and a second phase. Each such
+// first try, and each store that made its directories first (MKDIR says
+// EEXIST where one was there), moves a counter of the recent misses up or
+// down; at guessMake or more, stores make them first. Safe for concurrent
+// use.
+type DirGuess struct{ misses atomic.Int32 }
+
+// The counter's bound and the count at which stores make directories
+// first: more misses than finds in the last stores that told.
+const guessMax, guessMake = 16, 8
+
+func (g *DirGuess) makeFirst() bool { return g != nil && g.misses.Load() >= guessMake }
+
+func (g *DirGuess) note(there bool) {
+	if g == nil {
+		return
+	}
+	for {
+		n := g.misses.Load()
+		m := min(n+1, guessMax)
+		if there {
+			m = max(n-1, 0)
+		}
+		if m == n || g.misses.CompareAndSwap(n, m) {
+			return
+		}
+	}
+}
+
 // Program is one block operation in flight: its memory (paths, header,
 // open flags, statx buffer) and its current phase's steps. Once a step is
 // with the kernel, the program must not move or be reused until that
@@ -289,6 +324,7 @@ type progress struct {
 	retried  bool          // a store already recreated its directories once; a load already met a stale file once
 	mkdirs   bool          // a store makes and checks its directories (its first try did not find them)
 	tryDirs  bool          // a store's phase counts on directories it has not seen being there
+	guessed  bool          // a store makes directories it has not seen first, as Config.Guess said
 	reopen   bool          // a load closes a stale file and walks the path again
 	eof      bool          // a load's read met the end of the file
 	byStep   bool          // a load reads header, payload and past the end with a read each
@@ -313,6 +349,7 @@ type Config struct {
 	Quarantine   string        // where CorruptQuarantine moves corrupt blocks, absolute; "" leaves them in place
 	Namespace    string        // names quarantined files
 	Dirs         DirCache      // directories known to exist
+	Guess        *DirGuess     // shared: whether directories not seen yet are usually there; nil: always try first
 	LookupByOpen bool          // lookups open the path with O_PATH (a Probe) instead of statx
 	// LookupCachedFirst makes those opens RESOLVE_CACHED: a path the
 	// dentry cache cannot resolve fails EAGAIN at once, and the lookup

@@ -825,3 +825,129 @@ func TestConfigCheck(t *testing.T) {
 	cfg.Quarantine = "/" + strings.Repeat("q", 900)
 	require.ErrorIs(t, cfg.Check(), ErrInvalidOptions)
 }
+
+// TestProgramStoreGuessesDirectories: stores into directories their
+// engine has not seen try first without MKDIRs while such directories
+// are usually there, and make them first once they are usually missing (a
+// new tree), and back again, as Config.Guess learns from their results.
+func TestProgramStoreGuessesDirectories(t *testing.T) {
+	cfg := testConfig(DurabilityNone)
+	cfg.Guess = new(DirGuess)
+	payload := []byte("payload")
+	// store runs a store of key i in a directory not seen yet, and
+	// reports whether its first phase made directories and how many
+	// phases it took.
+	store := func(i int, there bool) (mkdirFirst bool, phases int) {
+		cfg.Dirs = mapDirs{}
+		var p Program
+		require.NoError(t, p.Start(cfg, OpStore, testKey(i, 32), payload, make([]byte, HeaderSize), false))
+		f := &fakeFS{noDirs: !there}
+		var ops [][]StepOp
+		for range 10 {
+			var phase []StepOp
+			for k := range p.N {
+				phase = append(phase, p.Steps[k].Op)
+			}
+			ops = append(ops, phase)
+			p.execute(func(s *Step) int32 {
+				if s.Op == StepMkdir && there {
+					f.calls = append(f.calls, s.Op)
+					return -int32(unix.EEXIST) // as mkdir(2) answers
+				}
+				return f.call(&p, s)
+			})
+			if p.Judge() {
+				break
+			}
+		}
+		require.Equal(t, StatusStored, p.Status, "store %d: %v", i, p.Err)
+		return slices.Contains(ops[0], StepMkdir), len(ops)
+	}
+
+	mk, n := store(0, false)
+	assert.False(t, mk, "a fresh guess tries first")
+	assert.Equal(t, 2, n, "a first try that finds no directory, then one that makes them")
+	for i := 1; i < guessMake; i++ {
+		store(i, false)
+	}
+	mk, n = store(guessMake, false)
+	assert.True(t, mk, "after %d first tries that found no directory, a store makes them first", guessMake)
+	assert.Equal(t, 1, n)
+	for i := guessMake + 1; i < 40; i++ {
+		mk, _ = store(i, false)
+		require.True(t, mk, "store %d in a new tree", i)
+	}
+
+	// The tree is full now (another process made it, say): MKDIRs find
+	// every directory there, and stores go back to trying first.
+	back := -1
+	for i := 40; i < 80 && back < 0; i++ {
+		if mk, n := store(i, true); !mk {
+			back = i - 40
+			assert.Equal(t, 1, n, "a first try that found its directory")
+		}
+	}
+	assert.Equal(t, guessMax-guessMake+1, back, "stores that made directories already there before trying first again")
+	mk, _ = store(100, true)
+	assert.False(t, mk)
+}
+
+// TestProgramStoreSkipsKnownLevels: a store that makes its directories
+// makes and checks only the levels not seen yet; a retry after a missing
+// directory forgets them all, as any level may have gone.
+func TestProgramStoreSkipsKnownLevels(t *testing.T) {
+	cfg := testConfig(DurabilityNone)
+	cfg.Guess = new(DirGuess)
+	cfg.Guess.misses.Store(guessMax) // a new tree: make directories first
+	key := testKey(1, 32)
+	dir := FanoutLayout{}.AppendDir(nil, key)
+	top := dir[:bytes.IndexByte(dir, '/')]
+	cfg.Dirs.Remember(top)
+	var p Program
+	require.NoError(t, p.Start(cfg, OpStore, key, []byte("payload"), make([]byte, HeaderSize), false))
+	phases := (&fakeFS{noDirs: true}).run(t, &p)
+	require.Equal(t, StatusStored, p.Status, "%v", p.Err)
+	require.Len(t, phases, 1)
+	assert.Equal(t, 1, count(phases[0], StepMkdir), "MKDIRs of a store whose top level was seen: %v", phases[0])
+	assert.True(t, cfg.Dirs.Known(dir) && cfg.Dirs.Known(top), "both levels remembered")
+
+	// The leaf and its top removed: the store's MKDIR of the leaf fails,
+	// and its retry makes both.
+	cfg.Dirs.Forget(dir)
+	var q Program
+	require.NoError(t, q.Start(cfg, OpStore, key, []byte("payload"), make([]byte, HeaderSize), false))
+	f := &fakeFS{noDirs: true}
+	var mkdirs []int
+	for phase := 0; phase < 3; phase++ {
+		mkdirs = append(mkdirs, count(stepOps(&q), StepMkdir))
+		q.execute(func(s *Step) int32 {
+			if s.Op == StepMkdir && phase == 0 {
+				return -int32(unix.ENOENT) // its parent is gone
+			}
+			return f.call(&q, s)
+		})
+		if q.Judge() {
+			break
+		}
+	}
+	require.Equal(t, StatusStored, q.Status, "%v", q.Err)
+	assert.Equal(t, []int{1, 2}, mkdirs, "MKDIRs a phase: the leaf alone, then the retry's both levels")
+}
+
+func stepOps(p *Program) []StepOp {
+	var ops []StepOp
+	for k := range p.N {
+		ops = append(ops, p.Steps[k].Op)
+	}
+	return ops
+}
+
+func count(ops []StepOp, op StepOp) int {
+	n := 0
+	for _, o := range ops {
+		if o == op {
+			n++
+		}
+	}
+	return n
+}

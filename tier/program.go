@@ -21,7 +21,8 @@ var tierStatus = [...]Status{
 }
 
 // programConfig is the configuration of the tier's programs, with dirs
-// remembering which directories exist.
+// remembering which directories exist and a guess of its own whether
+// those not seen yet are there.
 func (t *Tier) programConfig(dirs blockstore.DirCache) blockstore.Config {
 	return blockstore.Config{
 		Layout:     t.store.Layout(),
@@ -32,6 +33,7 @@ func (t *Tier) programConfig(dirs blockstore.DirCache) blockstore.Config {
 		Quarantine: t.qDir,
 		Namespace:  t.opts.Namespace,
 		Dirs:       dirs,
+		Guess:      new(blockstore.DirGuess),
 	}
 }
 
