@@ -91,6 +91,7 @@ var notInConformanceSuite = map[string]string{
 	"TestEstimate":                    "it is arithmetic on the capacity's counters, no engine involved",
 	"TestOpIndex":                     "it checks a table of the shard, no engine involved",
 	"TestVLLMConcurrentWriters":       "it races a Python process for seconds per engine; the sync engine it would run in the child is the same code as here",
+	"TestLazyStoreTakenIn":            "it hooks the io_uring engine's owner, whose stores may not wake it",
 }
 
 // TestConformanceWithoutIOURing runs the conformance suite in a child process of this test binary
