@@ -844,11 +844,7 @@ func TestProgramStoreGuessesDirectories(t *testing.T) {
 		f := &fakeFS{noDirs: !there}
 		var ops [][]StepOp
 		for range 10 {
-			var phase []StepOp
-			for k := range p.N {
-				phase = append(phase, p.Steps[k].Op)
-			}
-			ops = append(ops, phase)
+			ops = append(ops, stepOps(&p))
 			p.execute(func(s *Step) int32 {
 				if s.Op == StepMkdir && there {
 					f.calls = append(f.calls, s.Op)
