@@ -237,10 +237,8 @@ func (p *Program) judgeStore() bool {
 	if k < 0 {
 		dir := p.cfg.Layout.AppendDir(p.dirs[:0], p.KeyBytes())
 		p.cfg.Dirs.Remember(dir)
-		for i := range dir {
-			if p.mkdirs && dir[i] == '/' {
-				p.cfg.Dirs.Remember(dir[:i]) // each level, made and checked
-			}
+		if p.mkdirs {
+			eachParent(dir, p.cfg.Dirs.Remember) // each level, made and checked
 		}
 		if p.cfg.Durability == DurabilityFull {
 			p.next(phaseDirSync)
@@ -263,11 +261,7 @@ func (p *Program) judgeStore() bool {
 		p.retried, p.Renew, p.mkdirs = true, true, true
 		dir := p.cfg.Layout.AppendDir(p.dirs[:0], p.KeyBytes())
 		p.cfg.Dirs.Forget(dir)
-		for i := range dir {
-			if dir[i] == '/' {
-				p.cfg.Dirs.Forget(dir[:i]) // which level went is not known
-			}
-		}
+		eachParent(dir, p.cfg.Dirs.Forget) // which level went is not known
 		p.hdrDone, p.payDone = 0, 0
 		p.next(phaseMain)
 		return false
@@ -295,6 +289,16 @@ func (p *Program) judgeStore() bool {
 	p.cause = perr
 	p.next(phaseCleanup)
 	return false
+}
+
+// eachParent calls f with each level above the last of dir ("aa" of
+// "aa/bb").
+func eachParent(dir []byte, f func([]byte)) {
+	for i := range dir {
+		if dir[i] == '/' {
+			f(dir[:i])
+		}
+	}
 }
 
 // teachGuess tells Config.Guess what the phase just judged (first

@@ -889,23 +889,33 @@ func TestProgramStoreGuessesDirectories(t *testing.T) {
 }
 
 // TestProgramStoreSkipsKnownLevels: a store that makes its directories
-// makes and checks only the levels not seen yet; a retry after a missing
-// directory forgets them all, as any level may have gone.
+// remembers each level, and a later one makes and checks only the levels
+// not seen yet; a retry after a missing directory forgets them all, as any
+// level may have gone.
 func TestProgramStoreSkipsKnownLevels(t *testing.T) {
 	cfg := testConfig(DurabilityNone)
 	cfg.Guess = new(DirGuess)
 	cfg.Guess.misses.Store(guessMax) // a new tree: make directories first
-	key := testKey(1, 32)
-	dir := FanoutLayout{}.AppendDir(nil, key)
+	mkdirsOf := func(key []byte) int {
+		var p Program
+		require.NoError(t, p.Start(cfg, OpStore, key, []byte("payload"), make([]byte, HeaderSize), false))
+		phases := (&fakeFS{noDirs: true}).run(t, &p)
+		require.Equal(t, StatusStored, p.Status, "%v", p.Err)
+		require.Len(t, phases, 1)
+		return count(phases[0], StepMkdir)
+	}
+	other := testKey(0, 32)
+	otherDir := FanoutLayout{}.AppendDir(nil, other)
+	var key, dir []byte
+	for i := 1; key == nil; i++ { // a key in another leaf under the same top level
+		if k := testKey(i, 32); k[0] == other[0] && k[1] != other[1] {
+			key, dir = k, FanoutLayout{}.AppendDir(nil, k)
+		}
+	}
 	top := dir[:bytes.IndexByte(dir, '/')]
-	cfg.Dirs.Remember(top)
-	var p Program
-	require.NoError(t, p.Start(cfg, OpStore, key, []byte("payload"), make([]byte, HeaderSize), false))
-	phases := (&fakeFS{noDirs: true}).run(t, &p)
-	require.Equal(t, StatusStored, p.Status, "%v", p.Err)
-	require.Len(t, phases, 1)
-	assert.Equal(t, 1, count(phases[0], StepMkdir), "MKDIRs of a store whose top level was seen: %v", phases[0])
-	assert.True(t, cfg.Dirs.Known(dir) && cfg.Dirs.Known(top), "both levels remembered")
+	assert.Equal(t, 2, mkdirsOf(other), "MKDIRs of a store in a tree not seen")
+	assert.True(t, cfg.Dirs.Known(otherDir) && cfg.Dirs.Known(top), "both levels remembered")
+	assert.Equal(t, 1, mkdirsOf(key), "MKDIRs of a store whose top level was seen")
 
 	// The leaf and its top removed: the store's MKDIR of the leaf fails,
 	// and its retry makes both.

@@ -733,9 +733,18 @@ func (s *shard) finish(j int32, now time.Time) {
 			s.t.noteBreaker(s.idx, false, s.stuck)
 		}
 	}
-	// Before the results: a caller that sees one and submits a store sees
-	// this op gone, and wakes the owner if it was the last (enqueue).
-	s.inFlight.Store(int64(s.inUse - 1))
+	// The slot is counted free before the results go out: a caller that
+	// sees one and submits a store sees this op gone, and wakes the owner
+	// if it was the last (enqueue).
+	o.inUse = false
+	s.inUse--
+	switch o.kind {
+	case OpStore:
+		s.stores--
+	case OpDelete:
+		s.deletes--
+	}
+	s.inFlight.Store(int64(s.inUse))
 	if o.abandoned {
 		s.stuck--
 		s.stuckN.Store(int64(s.stuck))
@@ -751,15 +760,6 @@ func (s *shard) finish(j int32, now time.Time) {
 	clear(o.waiters)
 	o.waiters = o.waiters[:0]
 	o.buf, o.holder, o.err = nil, nil, nil
-	o.inUse = false
-	s.inUse--
-	switch o.kind {
-	case OpStore:
-		s.stores--
-	case OpDelete:
-		s.deletes--
-	}
-	s.inFlight.Store(int64(s.inUse))
 	s.free = append(s.free, j)
 }
 
