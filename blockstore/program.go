@@ -369,6 +369,17 @@ type Config struct {
 // outside the dentry cache and asks STATX instead (its second phase).
 func (p *Program) Walking() bool { return p.phase == phaseWalk }
 
+// Sums reports how many payload bytes the next Judge may checksum: a
+// framed load's read phase, whose Judge then costs about a copy of the
+// payload (CRC32C, 24 GB/s here), so that an engine may run it away from
+// the thread that drives the kernel. Judge touches nothing outside p.
+func (p *Program) Sums() int {
+	if p.Op != OpLoad || p.cfg.Format == FormatRaw || p.phase != phaseMain && p.phase != phaseResume {
+		return 0
+	}
+	return len(p.buf)
+}
+
 // KeyBytes returns the program's key.
 func (p *Program) KeyBytes() []byte { return p.Key[:p.KeyLen] }
 

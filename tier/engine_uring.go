@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -97,7 +98,26 @@ type uringBackend struct {
 	empty     []int32           // OpsMax times -1, to empty slots with
 	queued    int               // bytes of the reads and writes queued since the last submission
 	quiet     bool              // the ring signals its eventfd only while the owner sleeps on it (idle)
+	sumAside  int               // the payload from which a load is judged aside; 0: never
+	aside     []uint8           // by op: asideJudging, asideCanceled (judgeAside)
+	asideMu   sync.Mutex
+	verdicts  []verdict // Judges run aside, for the owner to take; under asideMu
+	spareV    []verdict
 }
+
+// verdict is what a Judge run aside returned for op i.
+type verdict struct {
+	i       int32
+	decided bool
+}
+
+// An op's Judge runs aside (asideJudging): nothing but that goroutine
+// touches its program. A cancel meanwhile is kept (asideCanceled) for
+// the owner to apply once the verdict is in.
+const (
+	asideJudging uint8 = 1 << iota
+	asideCanceled
+)
 
 // A ring whose latest coldRun cached-first lookup opens all missed the
 // dentry cache (caches dropped, a tree never walked) sends lookups to
@@ -133,7 +153,7 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	// SQEs) without submitting mid-way.
 	entries := uint32(min(8192, max(64, 4*n)))
 	b := &uringBackend{t: t, s: s, ns: t.ns, direct: t.engine.Direct,
-		progs: make([]blockstore.Program, n), dirFD: make([]int, n), await: make([]uint16, n),
+		progs: make([]blockstore.Program, n), dirFD: make([]int, n), await: make([]uint16, n), aside: make([]uint8, n),
 		cqes: make([]uring.CQE, 256), wakeC: make(chan struct{}, 1), timer: time.NewTimer(time.Hour)}
 	b.timer.Stop()
 	b.hdrLen = blockstore.ScratchSize
@@ -143,6 +163,12 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	spareP := t.opts.Rings < runtime.GOMAXPROCS(0)
 	b.chunk = submitChunk
 	b.yield = !t.engine.OwnThreads && !spareP
+	if spareP {
+		b.sumAside = sumAside
+	}
+	if sumAsideAll > 0 {
+		b.sumAside = sumAsideAll
+	}
 	if t.engine.Inline && t.engine.OwnThreads {
 		// A batch goes whole. STATX (or mixed) lookups on a local
 		// filesystem: every STATX goes to a kernel worker and each
@@ -293,8 +319,8 @@ func (b *uringBackend) fail(err error) {
 	b.doneQ = b.doneQ[:0]
 	for i := range b.s.ops {
 		o := &b.s.ops[i]
-		if !o.inUse {
-			continue
+		if !o.inUse || b.aside[i] != 0 {
+			continue // takeVerdicts fails an op judged aside
 		}
 		if o.status == StatusPending {
 			o.status, o.err = StatusFailed, b.broken
@@ -478,6 +504,10 @@ func (b *uringBackend) prepareRW(s *uring.SQE, st *blockstore.Step, slot uint32)
 }
 
 func (b *uringBackend) cancel(i int32, o *op) {
+	if b.aside[i] != 0 {
+		b.aside[i] |= asideCanceled // nothing of it is in the kernel
+		return
+	}
 	b.progs[i].Canceled = true
 	if b.broken != nil {
 		return
@@ -618,7 +648,77 @@ func (b *uringBackend) complete(i int32, k int, res int32) bool {
 // next phase to next.
 func (b *uringBackend) evaluate(i int32) {
 	p := &b.progs[i]
-	if !p.Judge() {
+	if b.sumAside > 0 && p.Sums() >= b.sumAside {
+		b.aside[i] = asideJudging
+		b.s.aside++
+		go b.judgeAside(i)
+		return
+	}
+	b.judged(i, p.Judge())
+}
+
+// sumAside is the payload from which a load's Judge, whose checksum costs
+// about what the kernel's copy of the payload cost the owner, runs on a
+// goroutine of its own, so that the next reads on this ring do not wait
+// for it and the checksums of one ring use every CPU.
+var sumAside = 1 << 20
+
+// sumAsideAll, when set (by tests), is sumAside for every ring, spare P or
+// not; asideStarted is called on the goroutine of each Judge run aside,
+// before it.
+var (
+	sumAsideAll  int
+	asideStarted func()
+)
+
+// judgeAside runs op i's Judge and hands the verdict to the owner. The
+// wake is under asideMu: an owner that took the verdict, and so may
+// close the backend, comes after it.
+func (b *uringBackend) judgeAside(i int32) {
+	if asideStarted != nil {
+		asideStarted()
+	}
+	v := verdict{i, b.progs[i].Judge()}
+	b.asideMu.Lock()
+	b.verdicts = append(b.verdicts, v)
+	b.wake()
+	b.asideMu.Unlock()
+}
+
+// takeVerdicts takes what the Judges run aside decided: an outcome, or
+// a next phase (which a cancel that came meanwhile stops at once).
+func (b *uringBackend) takeVerdicts() {
+	if b.s.aside == 0 {
+		return
+	}
+	b.asideMu.Lock()
+	vs := b.verdicts
+	b.verdicts = b.spareV[:0]
+	b.asideMu.Unlock()
+	for _, v := range vs {
+		canceled := b.aside[v.i]&asideCanceled != 0
+		b.aside[v.i] = 0
+		b.s.aside--
+		switch {
+		case b.broken != nil && !v.decided:
+			o := &b.s.ops[v.i]
+			o.status, o.err = StatusFailed, b.broken
+			b.doneQ = append(b.doneQ, v.i)
+		case canceled && !v.decided:
+			b.progs[v.i].Canceled = true
+			fallthrough
+		default:
+			b.judged(v.i, v.decided)
+		}
+	}
+	b.spareV = vs[:0]
+}
+
+// judged takes op i's verdict: its outcome to doneQ, or its next phase
+// to next.
+func (b *uringBackend) judged(i int32, decided bool) {
+	p := &b.progs[i]
+	if !decided {
 		if p.Walking() {
 			b.uncached++
 		}
@@ -688,6 +788,9 @@ func (b *uringBackend) wait(d time.Duration, done []int32) []int32 {
 	}
 	if b.broken == nil {
 		b.reap()
+	}
+	b.takeVerdicts()
+	if b.broken == nil {
 		b.prepareNext()
 	}
 	done = append(done, b.doneQ...)

@@ -1,0 +1,142 @@
+package tier
+
+import (
+	"context"
+	"os"
+	"runtime"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/uringtier/uringtier/blockstore"
+	"github.com/uringtier/uringtier/linux_test/noring"
+)
+
+// judgeAllAside makes every framed load of the io_uring engine be judged
+// on a goroutine of its own (as loads of 1 MiB and more are on a ring
+// with a spare P) for the rest of the test, and counts those Judges.
+func judgeAllAside(t *testing.T, hook func()) *atomic.Int64 {
+	var n atomic.Int64
+	sumAsideAll = 1
+	asideStarted = func() {
+		n.Add(1)
+		if hook != nil {
+			hook()
+		}
+	}
+	t.Cleanup(func() { sumAsideAll, asideStarted = 0, nil })
+	return &n
+}
+
+// TestLoadsJudgedAside runs the load tests of the conformance suite with
+// every load judged aside: good blocks load whole, and corrupt ones are
+// found and quarantined or left, their next phases prepared by the owner
+// once the verdict is in.
+func TestLoadsJudgedAside(t *testing.T) {
+	n := judgeAllAside(t, nil)
+	for _, c := range []struct {
+		name string
+		f    func(*testing.T)
+	}{
+		{"TestLoad", TestLoad}, {"TestLoadCorrupt", TestLoadCorrupt}, {"TestBlocksSpanManyChunks", TestBlocksSpanManyChunks},
+		{"TestNotRegularAtBlockPath", TestNotRegularAtBlockPath}, {"TestModel", TestModel},
+	} {
+		before := n.Load()
+		t.Run(c.name, c.f)
+		if _, child := noring.InChild(); !child { // the sync engine alone
+			assert.Greater(t, n.Load(), before, "%s: no load was judged aside", c.name)
+		}
+	}
+}
+
+// asideTier opens a one-ring tier whose first load to be judged aside
+// waits there until release is closed, having closed started.
+func asideTier(t *testing.T, started chan<- struct{}, release <-chan struct{}) *Tier {
+	if runtime.GOMAXPROCS(0) < 2 {
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
+	}
+	var once atomic.Bool
+	judgeAllAside(t, func() {
+		if once.CompareAndSwap(false, true) {
+			close(started)
+			<-release
+		}
+	})
+	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.Rings = 1 })
+	put(t, tr, 0, 1)
+	return tr
+}
+
+// TestCancelWhileJudgedAside: a Cancel that reaches the owner while a
+// load's Judge runs aside touches nothing of the program, and is applied
+// once the verdict is in, not lost. A load that has read and verified its
+// block reports it loaded; one whose verdict asks for another phase (a
+// short file: read again by step) is canceled there, where without the
+// cancel it would go on to report the file corrupt.
+func TestCancelWhileJudgedAside(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		truncate bool
+		want     Status
+	}{{"whole", false, StatusLoaded}, {"short", true, StatusCanceled}} {
+		t.Run(c.name, func(t *testing.T) {
+			started, release := make(chan struct{}), make(chan struct{})
+			tr := asideTier(t, started, release)
+			if c.truncate {
+				require.NoError(t, os.Truncate(blockFile(tr, 0), blockstore.HeaderSize+10))
+			}
+			buf := make([]byte, testBlockSize)
+			require.NoError(t, tr.Load(1, testKeys(0), [][]byte{buf}))
+			<-started
+			require.True(t, tr.Cancel(1))
+			// The owner has taken the cancel in once a lookup after it is answered.
+			require.NoError(t, tr.Lookup(2, testKeys(1)))
+			assert.Equal(t, []Status{StatusFound}, statuses(await(t, tr, 2)[2]))
+			close(release)
+			k := await(t, tr, 1)[1].Keys[0]
+			require.Equal(t, c.want, k.Status, "%v", k.Err)
+			if c.want == StatusLoaded {
+				require.Equal(t, testPayload(0), buf)
+			} else {
+				require.ErrorIs(t, k.Err, ErrCanceled)
+			}
+			require.NoError(t, tr.Close(context.Background()))
+		})
+	}
+}
+
+// TestRingBreaksWhileJudgedAside: a ring that fails while a load's Judge
+// runs aside fails what is in the kernel, and the load judged aside gets
+// its own verdict, once, when it comes.
+func TestRingBreaksWhileJudgedAside(t *testing.T) {
+	var armed atomic.Bool
+	var fired atomic.Int64
+	ringFault = func(sqes uint32) error {
+		if armed.Load() && sqes > 0 {
+			fired.Add(1)
+			return syscall.EBADFD
+		}
+		return nil
+	}
+	t.Cleanup(func() { ringFault = nil })
+	started, release := make(chan struct{}), make(chan struct{})
+	tr := asideTier(t, started, release)
+	buf := make([]byte, testBlockSize)
+	require.NoError(t, tr.Load(1, testKeys(0), [][]byte{buf}))
+	<-started
+	armed.Store(true)
+	require.NoError(t, tr.Load(2, testKeys(1), [][]byte{make([]byte, testBlockSize)}))
+	k := await(t, tr, 2)[2].Keys[0]
+	require.Equal(t, StatusFailed, k.Status)
+	require.ErrorIs(t, k.Err, ErrBroken)
+	require.Positive(t, fired.Load(), "the fault was not injected")
+	close(release)
+	k = awaitWithin(t, tr, 5*time.Second, 1)[1].Keys[0]
+	require.Equal(t, StatusLoaded, k.Status, "%v", k.Err)
+	require.Equal(t, testPayload(0), buf)
+	require.NoError(t, tr.Close(context.Background()))
+}
