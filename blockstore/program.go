@@ -369,12 +369,13 @@ type Config struct {
 // outside the dentry cache and asks STATX instead (its second phase).
 func (p *Program) Walking() bool { return p.phase == phaseWalk }
 
-// Sums reports how many payload bytes the next Judge may checksum: a
-// framed load's read phase, whose Judge then costs about a copy of the
-// payload (CRC32C, 24 GB/s here), so that an engine may run it away from
-// the thread that drives the kernel. Judge touches nothing outside p.
+// Sums reports how many payload bytes the next Judge may checksum that the
+// phase's reads just copied through the CPU: a framed load's read phase,
+// not O_DIRECT. Its Judge then costs about what the copy did (CRC32C, 24
+// GB/s here), so that an engine may run it away from the thread that
+// drives the kernel. Judge writes nothing outside p.
 func (p *Program) Sums() int {
-	if p.Op != OpLoad || p.cfg.Format == FormatRaw || p.phase != phaseMain && p.phase != phaseResume {
+	if p.Op != OpLoad || p.direct || p.cfg.Format == FormatRaw || p.phase != phaseMain && p.phase != phaseResume {
 		return 0
 	}
 	return len(p.buf)

@@ -957,3 +957,41 @@ func count(ops []StepOp, op StepOp) int {
 	}
 	return n
 }
+
+// TestProgramSums: only a framed load's read phase through the page cache
+// has a checksum for an engine to run aside, and its whole payload.
+func TestProgramSums(t *testing.T) {
+	key := bytes.Repeat([]byte{7}, 32)
+	raw := *testConfig(DurabilityNone)
+	raw.Format = FormatRaw
+	for _, c := range []struct {
+		name   string
+		cfg    *Config
+		op     Op
+		direct bool
+		want   int
+	}{
+		{"framed load", testConfig(DurabilityNone), OpLoad, false, 8192},
+		{"direct load", testConfig(DurabilityNone), OpLoad, true, 0},
+		{"raw load", &raw, OpLoad, false, 0},
+		{"store", testConfig(DurabilityNone), OpStore, false, 0},
+		{"lookup", testConfig(DurabilityNone), OpLookup, false, 0},
+	} {
+		var p Program
+		buf := make([]byte, 8192)
+		if c.op == OpLookup {
+			buf = nil
+		}
+		require.NoError(t, p.Start(c.cfg, c.op, key, buf, make([]byte, ScratchSize), c.direct), c.name)
+		assert.Equal(t, c.want, p.Sums(), c.name)
+	}
+	// A framed load whose block is corrupt: the phases after the verdict
+	// (here a quarantine) checksum nothing.
+	var p Program
+	require.NoError(t, p.Start(testConfig(DurabilityNone), OpLoad, key, make([]byte, 8192), make([]byte, ScratchSize), false))
+	for k := range p.N {
+		p.Steps[k].Res = int32(p.Steps[k].Asked()) // a block file of zeros: its header is invalid
+	}
+	require.False(t, p.Judge())
+	assert.Zero(t, p.Sums(), "after the verdict")
+}

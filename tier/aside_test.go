@@ -16,19 +16,20 @@ import (
 	"github.com/uringtier/uringtier/linux_test/noring"
 )
 
-// judgeAllAside makes every framed load of the io_uring engine be judged
-// on a goroutine of its own (as loads of 1 MiB and more are on a ring
-// with a spare P) for the rest of the test, and counts those Judges.
+// judgeAllAside makes every framed load of the io_uring engine through the
+// page cache be judged on a goroutine of its own (as loads of 1 MiB and
+// more are on a ring with a spare P) for the rest of the test, tiers of
+// openTier load without O_DIRECT, and it counts those Judges.
 func judgeAllAside(t *testing.T, hook func()) *atomic.Int64 {
 	var n atomic.Int64
-	sumAsideAll = 1
+	sumAsideAll, testNoDirect = 1, true
 	asideStarted = func() {
 		n.Add(1)
 		if hook != nil {
 			hook()
 		}
 	}
-	t.Cleanup(func() { sumAsideAll, asideStarted = 0, nil })
+	t.Cleanup(func() { sumAsideAll, asideStarted, testNoDirect = 0, nil, false })
 	return &n
 }
 
@@ -71,6 +72,15 @@ func asideTier(t *testing.T, started chan<- struct{}, release <-chan struct{}) *
 	return tr
 }
 
+// judging waits for the load to be judged aside.
+func judging(t *testing.T, started <-chan struct{}) {
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		require.FailNow(t, "no load was judged aside")
+	}
+}
+
 // TestCancelWhileJudgedAside: a Cancel that reaches the owner while a
 // load's Judge runs aside touches nothing of the program, and is applied
 // once the verdict is in, not lost. A load that has read and verified its
@@ -91,7 +101,7 @@ func TestCancelWhileJudgedAside(t *testing.T) {
 			}
 			buf := make([]byte, testBlockSize)
 			require.NoError(t, tr.Load(1, testKeys(0), [][]byte{buf}))
-			<-started
+			judging(t, started)
 			require.True(t, tr.Cancel(1))
 			// The owner has taken the cancel in once a lookup after it is answered.
 			require.NoError(t, tr.Lookup(2, testKeys(1)))
@@ -127,7 +137,7 @@ func TestRingBreaksWhileJudgedAside(t *testing.T) {
 	tr := asideTier(t, started, release)
 	buf := make([]byte, testBlockSize)
 	require.NoError(t, tr.Load(1, testKeys(0), [][]byte{buf}))
-	<-started
+	judging(t, started)
 	armed.Store(true)
 	require.NoError(t, tr.Load(2, testKeys(1), [][]byte{make([]byte, testBlockSize)}))
 	k := await(t, tr, 2)[2].Keys[0]

@@ -50,11 +50,15 @@ func forEachEngine(t *testing.T, f func(t *testing.T, kind EngineKind)) {
 	}
 }
 
+// testNoDirect, when set (by judgeAllAside), makes openTier's tiers load
+// and store through the page cache.
+var testNoDirect bool
+
 func openTier(t testing.TB, kind EngineKind, dir string, mod func(*Options)) *Tier {
 	t.Helper()
 	// No lookup cache unless a test asks for one (TestLookupCache, the
 	// model): most tests change the tree behind the tier's back.
-	opts := Options{BlockSize: testBlockSize, Engine: kind, Rings: 2, OpsMax: 64, LookupCacheTTL: -1}
+	opts := Options{BlockSize: testBlockSize, Engine: kind, Rings: 2, OpsMax: 64, LookupCacheTTL: -1, NoDirect: testNoDirect}
 	if mod != nil {
 		mod(&opts)
 	}

@@ -515,8 +515,13 @@ func (b *uringBackend) cancel(i int32, o *op) {
 	b.cancelFrom(i, 0)
 }
 
-// cancelFrom asks the kernel to cancel op i's steps from step k on.
+// cancelFrom asks the kernel to cancel op i's steps from step k on. An op
+// judged aside since a recancel was queued has nothing in the kernel, and
+// its program is not the owner's to read.
 func (b *uringBackend) cancelFrom(i int32, k int) {
+	if b.aside[i] != 0 {
+		return
+	}
 	for ; k < b.progs[i].N; k++ {
 		s := b.sqe()
 		s.PrepareCancel(ud(i, k), 0)
@@ -657,10 +662,15 @@ func (b *uringBackend) evaluate(i int32) {
 	b.judged(i, p.Judge())
 }
 
-// sumAside is the payload from which a load's Judge, whose checksum costs
-// about what the kernel's copy of the payload cost the owner, runs on a
-// goroutine of its own, so that the next reads on this ring do not wait
-// for it and the checksums of one ring use every CPU.
+// sumAside is the payload from which a load's Judge runs on a goroutine
+// of its own, on an owner with a spare P: its checksum costs about what
+// the kernel's copy of the payload cost the owner, and the next copies no
+// longer wait behind it. 2 MiB page-cache loads on one ring of 2 CPUs
+// (BenchmarkLoad, 5 interleaved rounds): 1.15x (1.09-1.21) the keys a
+// second of the owner judging them, at 1.1x its CPU a load (the payload
+// is read from another CPU's cache). 256 KiB ones made 0.62-0.65x (the
+// hand-over costs more than such a checksum); with a ring per CPU, 2 MiB
+// ones 0.71-0.86x (no P is spare for it).
 var sumAside = 1 << 20
 
 // sumAsideAll, when set (by tests), is sumAside for every ring, spare P or
