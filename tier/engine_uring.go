@@ -163,8 +163,8 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	spareP := t.opts.Rings < runtime.GOMAXPROCS(0)
 	b.chunk = submitChunk
 	b.yield = !t.engine.OwnThreads && !spareP
-	if spareP {
-		b.sumAside = sumAside
+	if spareP && t.engine.Inline {
+		b.sumAside = sumAside // measured where the reads are copies on the owner's CPU
 	}
 	if sumAsideAll > 0 {
 		b.sumAside = sumAsideAll
@@ -663,14 +663,14 @@ func (b *uringBackend) evaluate(i int32) {
 }
 
 // sumAside is the payload from which a load's Judge runs on a goroutine
-// of its own, on an owner with a spare P: its checksum costs about what
-// the kernel's copy of the payload cost the owner, and the next copies no
-// longer wait behind it. 2 MiB page-cache loads on one ring of 2 CPUs
-// (BenchmarkLoad, 5 interleaved rounds): 1.15x (1.09-1.21) the keys a
-// second of the owner judging them, at 1.1x its CPU a load (the payload
-// is read from another CPU's cache). 256 KiB ones made 0.62-0.65x (the
-// hand-over costs more than such a checksum); with a ring per CPU, 2 MiB
-// ones 0.71-0.86x (no P is spare for it).
+// of its own, on an owner with a spare P on a local filesystem: its
+// checksum costs about what the kernel's copy of the payload cost the
+// owner, and the next copies no longer wait behind it. 2 MiB page-cache
+// loads on one ring of 2 CPUs (BenchmarkLoad, 5 interleaved rounds): 1.15x
+// (1.09-1.21) the keys a second of the owner judging them, at 1.1x its CPU
+// a load (the payload is read from another CPU's cache). 256 KiB ones
+// made 0.62-0.65x (the hand-over costs more than such a checksum); with a
+// ring per CPU, 2 MiB ones 0.71-0.86x (no P is spare for it).
 var sumAside = 1 << 20
 
 // sumAsideAll, when set (by tests), is sumAside for every ring, spare P or
@@ -695,8 +695,9 @@ func (b *uringBackend) judgeAside(i int32) {
 	b.asideMu.Unlock()
 }
 
-// takeVerdicts takes what the Judges run aside decided: an outcome, or
-// a next phase (which a cancel that came meanwhile stops at once).
+// takeVerdicts takes what the Judges run aside decided: an outcome, or a
+// next phase, which a cancel that came meanwhile reaches before it is
+// prepared.
 func (b *uringBackend) takeVerdicts() {
 	if b.s.aside == 0 {
 		return
