@@ -5,7 +5,6 @@ import (
 	"os"
 	"runtime"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -123,16 +122,7 @@ func TestCancelWhileJudgedAside(t *testing.T) {
 // runs aside fails what is in the kernel, and the load judged aside gets
 // its own verdict, once, when it comes.
 func TestRingBreaksWhileJudgedAside(t *testing.T) {
-	var armed atomic.Bool
-	var fired atomic.Int64
-	ringFault = func(sqes uint32) error {
-		if armed.Load() && sqes > 0 {
-			fired.Add(1)
-			return syscall.EBADFD
-		}
-		return nil
-	}
-	t.Cleanup(func() { ringFault = nil })
+	armed, fired := faultSubmissions(t)
 	started, release := make(chan struct{}), make(chan struct{})
 	tr := asideTier(t, started, release)
 	buf := make([]byte, testBlockSize)

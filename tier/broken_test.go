@@ -13,19 +13,14 @@ import (
 	"github.com/uringtier/uringtier/uring"
 )
 
-// TestBrokenRingFailsTheTier makes the kernel refuse a submission with an
-// error no retry helps (EBADFD, as for a ring torn down under the tier):
-// the process goes on, every key in flight ends StatusFailed wrapping
-// ErrBroken and the cause, later submits fail at once, Stats and Engine
-// say why, and Close returns. The io_uring engine used to panic.
-func TestBrokenRingFailsTheTier(t *testing.T) {
-	var armed atomic.Bool
-	var fired atomic.Int64
+// faultSubmissions makes every submission that carries SQEs fail with
+// EBADFD once armed is set, counting them in fired, for the rest of the
+// test. Only those: the owner may also submit nothing on its way to sleep
+// just as the fault is armed (seen once in CI), and a test's next op would
+// then meet a tier broken before it.
+func faultSubmissions(t *testing.T) (armed *atomic.Bool, fired *atomic.Int64) {
+	armed, fired = new(atomic.Bool), new(atomic.Int64)
 	ringFault = func(sqes uint32) error {
-		// Only a submission with SQEs, the load's: the owner may also
-		// submit nothing on its way to sleep after the lookup, just as
-		// the fault is armed (seen once in CI), and the load would then
-		// meet a tier broken before it.
 		if armed.Load() && sqes > 0 {
 			fired.Add(1)
 			return syscall.EBADFD
@@ -33,6 +28,16 @@ func TestBrokenRingFailsTheTier(t *testing.T) {
 		return nil
 	}
 	t.Cleanup(func() { ringFault = nil })
+	return armed, fired
+}
+
+// TestBrokenRingFailsTheTier makes the kernel refuse a submission with an
+// error no retry helps (EBADFD, as for a ring torn down under the tier):
+// the process goes on, every key in flight ends StatusFailed wrapping
+// ErrBroken and the cause, later submits fail at once, Stats and Engine
+// say why, and Close returns. The io_uring engine used to panic.
+func TestBrokenRingFailsTheTier(t *testing.T) {
+	armed, fired := faultSubmissions(t)
 	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.Rings = 1 })
 	put(t, tr, 0, 1, 2, 3)
 	require.NoError(t, tr.Lookup(1, testKeys(0, 1, 2, 3)))
