@@ -3,7 +3,6 @@ package tier
 import (
 	"context"
 	"os"
-	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -47,7 +46,8 @@ func TestLoadsJudgedAside(t *testing.T) {
 	} {
 		before := n.Load()
 		t.Run(c.name, c.f)
-		if _, child := noring.InChild(); !child { // the sync engine alone
+		// A child without io_uring runs the sync engine alone.
+		if _, child := noring.InChild(); !child {
 			assert.Greater(t, n.Load(), before, "%s: no load was judged aside", c.name)
 		}
 	}
@@ -56,9 +56,6 @@ func TestLoadsJudgedAside(t *testing.T) {
 // asideTier opens a one-ring tier whose first load to be judged aside
 // waits there until release is closed, having closed started.
 func asideTier(t *testing.T, started chan<- struct{}, release <-chan struct{}) *Tier {
-	if runtime.GOMAXPROCS(0) < 2 {
-		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
-	}
 	var once atomic.Bool
 	judgeAllAside(t, func() {
 		if once.CompareAndSwap(false, true) {
