@@ -6,10 +6,12 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/uringtier/uringtier/blockstore"
 	"github.com/uringtier/uringtier/uring"
 )
 
@@ -170,4 +172,29 @@ func TestReapUnderPressure(t *testing.T) {
 		require.Equal(t, StatusStored, k.Status, "store %d: %v", i, k.Err)
 	}
 	require.Positive(t, tr.Stats().SubmitRetries, "no submission was refused")
+}
+
+// TestStrayCompletionFailsTheTier: a completion for a step not in flight (a
+// step past its phase's last, here) breaks the invariant the owner loop
+// asserts: the tier fails with ErrBroken and says why, instead of reading
+// past the phase or handling a step twice.
+func TestStrayCompletionFailsTheTier(t *testing.T) {
+	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.Rings = 1 })
+	put(t, tr, 0)
+	var once atomic.Bool
+	opStarted = func(s *shard) {
+		if once.CompareAndSwap(false, true) {
+			b := s.be.(*uringBackend)
+			sqe := b.sqe()
+			sqe.PrepareNop()
+			sqe.UserData = ud(0, blockstore.StepsMax-1) // no phase has that many steps in flight
+		}
+	}
+	t.Cleanup(func() { opStarted = nil })
+	require.NoError(t, tr.Lookup(1, testKeys(0)))
+	await(t, tr, 1)
+	require.True(t, once.Load(), "the stray completion was not queued")
+	assert.Eventually(t, func() bool { return tr.Engine().Broken != "" }, 5*time.Second, time.Millisecond)
+	assert.Contains(t, tr.Engine().Broken, "not a step in flight")
+	assert.ErrorIs(t, tr.Lookup(2, testKeys(0)), ErrBroken)
 }

@@ -580,7 +580,10 @@ func (b *uringBackend) handle(c uring.CQE) {
 	if b.broken != nil {
 		return
 	}
-	if int(i) >= len(b.progs) || step >= b.progs[i].N || b.await[i]&(1<<step) == 0 || !b.s.ops[i].inUse {
+	// await holds a bit for each step of the current phase still without
+	// a result (none beyond its N), and none for an op judged aside,
+	// whose program is not the owner's to read.
+	if int(i) >= len(b.progs) || b.await[i]&(1<<step) == 0 || !b.s.ops[i].inUse {
 		b.fail(fmt.Errorf("completion for op %d step %d, not a step in flight", i, step))
 		return
 	}

@@ -75,6 +75,7 @@ var notInConformanceSuite = map[string]string{
 	"TestConformanceWithoutIOURing":   "it is the test that runs the suite in the child",
 	"TestConformanceSuiteComplete":    "it checks the list, not the tier",
 	"TestBrokenRingFailsTheTier":      "it injects a fault into the io_uring engine's ring",
+	"TestStrayCompletionFailsTheTier": "it posts a completion on the io_uring engine's ring",
 	"TestReapUnderPressure":           "it shrinks the io_uring engine's queues",
 	"TestRingBreaksMidBatch":          "it injects a fault into the io_uring engine's ring",
 	"TestCQESkipCompletes":            "it checks how the io_uring engine completes steps that post no completion",
