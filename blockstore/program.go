@@ -131,10 +131,12 @@ const (
 // Step is one system call of a program's phase. The executor fills Res;
 // everything else is the protocol's.
 type Step struct {
-	Res  int32 // the result: what the system call returned, or -errno
-	Op   StepOp
-	Link Link
-	Abs2 bool // Path2 is absolute: renameat's new directory is AT_FDCWD
+	Op    StepOp
+	Link  Link
+	Path  *byte         // NUL-terminated, relative to the namespace directory, in the program's memory
+	Path2 *byte         // a rename's target
+	Abs2  bool          // Path2 is absolute: renameat's new directory is AT_FDCWD
+	How   *unix.OpenHow // an open's flags, mode and RESOLVE_* flags
 	// Probe marks an open that only asks whether the path resolves
 	// (O_PATH): the file is not the program's, and the executor closes it
 	// when it likes. RunSync closes it at once; the io_uring engine leaves
@@ -142,15 +144,13 @@ type Step struct {
 	// empties such slots when it goes idle: a linked CLOSE would cost a
 	// request and a completion per lookup.
 	Probe bool
-	Data  bool // an FSYNC of file data only (fdatasync): the file is new, its size is data
+	Buf   []byte       // a read's or write's memory
+	Vec   []unix.Iovec // a vectored read's or write's memory, in the program's memory
+	Off   int64        // a read's or write's file offset
+	Res   int32        // the result: what the system call returned, or -errno
+	Data  bool         // an FSYNC of file data only (fdatasync): the file is new, its size is data
 	role  role
-	dir   uint16        // a MKDIR's or directory FSYNC's path: its offset in the program's dirs
-	Path  *byte         // NUL-terminated, relative to the namespace directory, in the program's memory
-	Path2 *byte         // a rename's target
-	How   *unix.OpenHow // an open's flags, mode and RESOLVE_* flags
-	Buf   []byte        // a read's or write's memory
-	Vec   []unix.Iovec  // a vectored read's or write's memory, in the program's memory
-	Off   int64         // a read's or write's file offset
+	dir   uint16 // a MKDIR's or directory FSYNC's path: its offset in the program's dirs
 }
 
 // Failed reports whether the step did not succeed in full: an error, or
@@ -288,40 +288,40 @@ func (g *DirGuess) note(there bool) {
 // with the kernel, the program must not move or be reused until that
 // step's result is in: keep programs in a slice allocated once.
 type Program struct {
-	// What a lookup touches comes first, in few cache lines: an engine
-	// has hundreds of programs in flight, and meets each again only when
-	// its completion comes, long after the CPU's cache has let it go.
+	// Every judgement reads these and the first steps: in one cache line
+	// with the steps' start.
 	Op       Op
-	KeyLen   uint8
 	Status   Status // the outcome, once Judge returns true
 	Canceled bool   // the caller gave up: no retry, no resume
 	Renew    bool   // a store found a directory gone and tries again: the engine may reopen the namespace directory first
 	N        int    // steps in the current phase
 	Err      error  // why, for StatusCorrupt and StatusFailed
+	Steps    [StepsMax]Step
+	Stx      unix.Statx_t
+	How      unix.OpenHow // the open of the phase's file; the kernel reads it when the step is submitted
+	DirHow   unix.OpenHow // a store's directory checks, submitted with its open
+	Key      [KeySizeMax]byte
+	KeyLen   uint8
 
 	progress // reset by Start; the buffers below are written before they are read
 
-	Steps [StepsMax]Step
-	Key   [KeySizeMax]byte
 	path  [PathMax]byte // the block, NUL-terminated
-	How   unix.OpenHow  // the open of the phase's file; the kernel reads it when the step is submitted
-	Stx   unix.Statx_t
-
-	DirHow unix.OpenHow  // a store's directory checks, submitted with its open
-	tmp    [PathMax]byte // a store's temporary file
-	dirs   [PathMax]byte // directories to create or sync, each NUL-terminated
-	qpath  [quarantinePathMax]byte
-	iov    [3]unix.Iovec // a load's vectored read (header, payload, past the end), a store's write (header, payload)
+	tmp   [PathMax]byte // a store's temporary file
+	dirs  [PathMax]byte // directories to create or sync, each NUL-terminated
+	qpath [quarantinePathMax]byte
+	iov   [3]unix.Iovec // a load's vectored read (header, payload, past the end), a store's write (header, payload)
 }
 
 // progress is a program's state between phases: small, so that Start
 // resets it without clearing the kilobytes of path buffers on every op.
-// What every judgement reads comes first.
 type progress struct {
+	cfg      *Config
+	buf      []byte // the payload
+	hdr      []byte // HeaderSize bytes, aligned where O_DIRECT is used
+	past     []byte // HeaderSize bytes after hdr, for a vectored read past the block's end; or nil
+	direct   bool
 	phase    phase
 	fileOpen bool
-	direct   bool
-	disposal CorruptAction // what a load did with the file: CorruptQuarantine or CorruptRemove, once tried
 	created  bool          // a store made directories (their parents need a sync for DurabilityFull)
 	retried  bool          // a store already recreated its directories once; a load already met a stale file once
 	mkdirs   bool          // a store makes and checks its directories (its first try did not find them)
@@ -331,15 +331,12 @@ type progress struct {
 	eof      bool          // a load's read met the end of the file
 	byStep   bool          // a load reads header, payload and past the end with a read each
 	moveAway bool          // a load's verdict, kept through its type check: dispose of the file
+	disposal CorruptAction // what a load did with the file: CorruptQuarantine or CorruptRemove, once tried
+	dispErr  error         // and this is why it could not
 	tail     int32         // bytes a load found past the end of a block of the expected size
-	cfg      *Config
-	dispErr  error  // why a load could not dispose of the file
-	cause    error  // a store's failure, kept through its cleanup
-	buf      []byte // the payload
-	hdr      []byte // HeaderSize bytes, aligned where O_DIRECT is used
-	past     []byte // HeaderSize bytes after hdr, for a vectored read past the block's end; or nil
 	hdrDone  int64
 	payDone  int64
+	cause    error
 	fd       int // the file, for RunSync
 }
 
