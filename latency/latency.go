@@ -99,6 +99,14 @@ func (h *Histogram) Load(dst *Counts) {
 	}
 }
 
+// AddTo adds the counts into dst, as Load does: each counter is read
+// atomically.
+func (h *Histogram) AddTo(dst *Counts) {
+	for i := range h.counts {
+		dst[i] += h.counts[i].Load()
+	}
+}
+
 // Counts is a snapshot of a histogram: Counts[i] durations in bucket i.
 type Counts [Buckets]uint64
 

@@ -96,11 +96,10 @@ func (s *shard) flushHits(r *request) {
 	if h.n == 0 {
 		return
 	}
-	c := &s.t.stats
-	c.cacheHits.Add(uint64(h.n))
+	s.t.stats.cacheHits.Add(uint64(h.n))
 	for st, n := range h.status {
 		if n > 0 {
-			c.outcomes[r.op][st].Add(n)
+			s.counts.outcomes[r.op][st].Add(n)
 		}
 	}
 	n := h.n
@@ -151,6 +150,8 @@ type shard struct {
 	hits        cacheHits        // keys of the request being started answered from the cache
 	touched     map[uint64]int64 // key hash -> when this shard last reported the block used (recency.go)
 
+	counts *keyCounters // this owner's per-key counters, for Stats
+
 	loadKeys atomic.Int64  // keys of loads dealt to this shard and not yet answered (Tier.dealLoad)
 	inFlight atomic.Int64  // ops in the backend, for Stats
 	started  atomic.Uint64 // ops started, for Stats
@@ -170,6 +171,7 @@ func newShard(t *Tier, idx int) *shard {
 		lookups: newOpIndex(t.opts.OpsMax),
 		cache:   make(map[uint64]cacheEntry),
 		touched: make(map[uint64]int64),
+		counts:  new(keyCounters),
 	}
 	for i := range s.ops {
 		s.free = append(s.free, int32(len(s.ops)-1-i))
@@ -422,7 +424,7 @@ func (s *shard) cancelInFlight(r *request) {
 			keep := o.waiters[:0]
 			for _, w := range o.waiters {
 				if w.r == r {
-					s.t.setKey(r, int(w.i), StatusCanceled, ErrCanceled)
+					s.setKey(r, int(w.i), StatusCanceled, ErrCanceled)
 				} else {
 					keep = append(keep, w)
 				}
@@ -483,11 +485,11 @@ func (s *shard) startPass(now time.Time, pass Op) {
 				continue
 			}
 			if s.closing || r.canceled.Load() {
-				s.t.setKey(r, i, StatusCanceled, ErrCanceled)
+				s.setKey(r, i, StatusCanceled, ErrCanceled)
 				continue
 			}
 			if r.prefixOnly && int32(i) > r.firstMiss.Load() {
-				s.t.setKey(r, i, StatusSkipped, nil)
+				s.setKey(r, i, StatusSkipped, nil)
 				continue
 			}
 			if !s.startKey(r, i, now) {
@@ -551,13 +553,13 @@ func (s *shard) startKey(r *request, i int, now time.Time) bool {
 		}
 	}
 	if r.op == OpStore && s.t.full(now) {
-		s.t.setKey(r, i, StatusFull, ErrFull)
+		s.setKey(r, i, StatusFull, ErrFull)
 		return true
 	}
 	probe := false
 	if s.breaker {
 		if s.probing {
-			s.t.setKey(r, i, StatusTimedOut, ErrBreakerOpen)
+			s.setKey(r, i, StatusTimedOut, ErrBreakerOpen)
 			return true
 		}
 		probe = true
@@ -583,7 +585,7 @@ func (s *shard) startKey(r *request, i int, now time.Time) bool {
 	}
 	o.waiters = append(o.waiters[:0], waiter{r, int32(i)})
 	o.deadline, o.started = r.deadline, now
-	s.t.stats.queueWait[r.op].Record(now.Sub(r.submitted))
+	s.counts.queueWait[r.op].Record(now.Sub(r.submitted))
 	s.opDeadline = earliest(s.opDeadline, o.deadline)
 	o.inUse, o.abandoned, o.canceled, o.probe = true, false, false, probe
 	o.status, o.err = StatusPending, nil
@@ -624,7 +626,7 @@ func (s *shard) expire(now time.Time) time.Time {
 		}
 		for i := int(r.cursor[s.idx]); i < r.n(); i++ {
 			if s.mine(r, i) {
-				s.t.setKey(r, i, StatusTimedOut, ErrTimeout)
+				s.setKey(r, i, StatusTimedOut, ErrTimeout)
 			}
 		}
 		r.cursor[s.idx] = int32(r.n())
@@ -658,7 +660,7 @@ func (s *shard) expire(now time.Time) time.Time {
 			if o.buf != nil {
 				s.t.hold(w.r)
 			}
-			s.t.setKey(w.r, int(w.i), StatusTimedOut, ErrTimeout)
+			s.setKey(w.r, int(w.i), StatusTimedOut, ErrTimeout)
 		}
 		clear(o.waiters[len(keep):])
 		o.waiters = keep
@@ -697,7 +699,7 @@ func earliest(a, b time.Time) time.Time {
 // finish takes the outcome of op j to its waiters.
 func (s *shard) finish(j int32, now time.Time) {
 	o := &s.ops[j]
-	s.t.stats.observe(o.kind, now.Sub(o.started))
+	s.counts.latency[o.kind].Record(now.Sub(o.started))
 	if o.kind == OpLookup {
 		s.lookups.remove(o.hash, j)
 	}
@@ -757,7 +759,7 @@ func (s *shard) finish(j int32, now time.Time) {
 		}
 	} else {
 		for _, w := range o.waiters {
-			s.t.setKey(w.r, int(w.i), o.status, o.err)
+			s.setKey(w.r, int(w.i), o.status, o.err)
 		}
 	}
 	clear(o.waiters)
@@ -810,7 +812,7 @@ func (s *shard) abandonAll() {
 	for _, r := range s.work {
 		for i := int(r.cursor[s.idx]); i < r.n(); i++ {
 			if s.mine(r, i) {
-				s.t.setKey(r, i, StatusCanceled, ErrCanceled)
+				s.setKey(r, i, StatusCanceled, ErrCanceled)
 			}
 		}
 		r.cursor[s.idx] = int32(r.n())
@@ -835,7 +837,7 @@ func (s *shard) abandonAll() {
 			if o.buf != nil {
 				s.t.hold(w.r)
 			}
-			s.t.setKey(w.r, int(w.i), StatusCanceled, err)
+			s.setKey(w.r, int(w.i), StatusCanceled, err)
 		}
 		o.waiters = o.waiters[:0]
 	}

@@ -70,13 +70,8 @@ func ClassifyFailure(err error) Failure {
 type statsCounters struct {
 	requests     [opKinds]atomic.Uint64
 	keys         [opKinds]atomic.Uint64
-	outcomes     [opKinds][statusKinds]atomic.Uint64
 	failures     [opKinds][failureKinds]atomic.Uint64
-	latency      [opKinds]latency.Histogram // key operations: start to completion
 	request      [opKinds]latency.Histogram // requests: submit to result published
-	queueWait    [opKinds]latency.Histogram // key operations: submit to start
-	bytesRead    atomic.Uint64
-	bytesWritten atomic.Uint64
 	busy         atomic.Uint64
 	cacheHits    atomic.Uint64
 	shared       atomic.Uint64
@@ -93,7 +88,16 @@ type statsCounters struct {
 	quarantineQuiet  atomic.Uint64 // quarantines and removals not logged since then
 }
 
-func (c *statsCounters) observe(o Op, d time.Duration) { c.latency[o].Record(d) }
+// keyCounters are the counters an owner updates for every key, one set
+// per shard: owners on different CPUs would otherwise write the same
+// cache lines for each key. Stats sums them.
+type keyCounters struct {
+	outcomes     [opKinds][statusKinds]atomic.Uint64
+	latency      [opKinds]latency.Histogram // key operations: start to completion
+	queueWait    [opKinds]latency.Histogram // key operations: submit to start
+	bytesRead    atomic.Uint64
+	bytesWritten atomic.Uint64
+}
 
 // Stats is a snapshot of a tier's counters. Its histograms are
 // latency.Counts: quantiles within latency.ErrorBound (1/64) of the exact
@@ -181,17 +185,11 @@ func (t *Tier) Stats() Stats {
 	for o := range opKinds {
 		s.Requests[o] = c.requests[o].Load()
 		s.Keys[o] = c.keys[o].Load()
-		for st := range statusKinds {
-			s.Outcomes[o][st] = c.outcomes[o][st].Load()
-		}
 		for f := range failureKinds {
 			s.Failures[o][f] = c.failures[o][f].Load()
 		}
-		c.latency[o].Load(&s.Latency[o])
 		c.request[o].Load(&s.RequestLatency[o])
-		c.queueWait[o].Load(&s.QueueWait[o])
 	}
-	s.BytesRead, s.BytesWritten = c.bytesRead.Load(), c.bytesWritten.Load()
 	s.Busy, s.CacheHits, s.Shared = c.busy.Load(), c.cacheHits.Load(), c.shared.Load()
 	s.Late, s.BreakerTrips, s.Held = c.late.Load(), c.breakerTrips.Load(), int(c.held.Load())
 	s.SubmitRetries = c.retries.Load()
@@ -206,6 +204,16 @@ func (t *Tier) Stats() Stats {
 	s.Scans, s.ScanBlocks, s.DirsRescanned = cp.scans.Load(), cp.scanned.Load(), cp.rescanned.Load()
 	s.Touches, s.TouchesDropped = cp.touches.Load(), cp.touchDropped.Load()
 	for _, sh := range t.shards {
+		k := sh.counts
+		for o := range opKinds {
+			for st := range statusKinds {
+				s.Outcomes[o][st] += k.outcomes[o][st].Load()
+			}
+			k.latency[o].AddTo(&s.Latency[o])
+			k.queueWait[o].AddTo(&s.QueueWait[o])
+		}
+		s.BytesRead += k.bytesRead.Load()
+		s.BytesWritten += k.bytesWritten.Load()
 		s.InFlight += int(sh.inFlight.Load())
 		s.RingOps = append(s.RingOps, sh.started.Load())
 		s.Queued += int(sh.queued.Load())
@@ -217,14 +225,14 @@ func (t *Tier) Stats() Stats {
 
 // countOutcome counts key outcome st of an op of kind o with error err:
 // the outcome, the failure class, the payload bytes moved.
-func (t *Tier) countOutcome(o Op, st Status, err error) {
-	c := &t.stats
-	c.outcomes[o][st].Add(1)
+func (s *shard) countOutcome(o Op, st Status, err error) {
+	c, k := &s.t.stats, s.counts
+	k.outcomes[o][st].Add(1)
 	switch st {
 	case StatusLoaded:
-		c.bytesRead.Add(uint64(t.opts.BlockSize))
+		k.bytesRead.Add(uint64(s.t.opts.BlockSize))
 	case StatusStored:
-		c.bytesWritten.Add(uint64(t.opts.BlockSize))
+		k.bytesWritten.Add(uint64(s.t.opts.BlockSize))
 	case StatusFailed:
 		c.failures[o][ClassifyFailure(err)].Add(1)
 	case StatusFull:

@@ -602,14 +602,15 @@ func (t *Tier) validate(op Op, keys [][]byte, bufs [][]byte) error {
 	return nil
 }
 
-// setKey records key i's outcome; the owner that records the last one
-// publishes the request.
-func (t *Tier) setKey(r *request, i int, st Status, err error) {
+// setKey records key i's outcome, counted in s; the owner that records
+// the last one publishes the request.
+func (s *shard) setKey(r *request, i int, st Status, err error) {
+	t := s.t
 	if r.op == OpLoad {
 		t.shards[r.runs[i/loadRun]].loadKeys.Add(-1)
 	}
 	r.res[i] = KeyResult{Status: st, Err: err}
-	t.countOutcome(r.op, st, err)
+	s.countOutcome(r.op, st, err)
 	t.noteMiss(r, i, st)
 	t.settle(r)
 }
