@@ -115,6 +115,10 @@ func TestLogsStateChangesOnly(t *testing.T) {
 		assert.Equal(t, opened, len(rec.messages()), "lines after Open: %q", rec.messages()[opened:])
 
 		st := tr.Stats()
+		// Each ring counts its own keys; Stats adds them up.
+		assert.Equal(t, uint64(4), st.Outcomes[OpLookup][StatusFound])
+		assert.Equal(t, uint64(n-4), st.Outcomes[OpLookup][StatusMissing])
+		assert.Equal(t, uint64(n), st.Latency[OpLookup].Total(), "one op a key")
 		assert.Equal(t, uint64(4*testBlockSize), st.BytesRead, "4 blocks loaded")
 		assert.Equal(t, uint64((n-8)*testBlockSize), st.BytesWritten)
 		for _, op := range []Op{OpLookup, OpLoad, OpStore} {
