@@ -92,7 +92,7 @@ var notInConformanceSuite = map[string]string{
 	"TestEstimate":                    "it is arithmetic on the capacity's counters, no engine involved",
 	"TestOpIndex":                     "it checks a table of the shard, no engine involved",
 	"TestVLLMConcurrentWriters":       "it races a Python process for seconds per engine; the sync engine it would run in the child is the same code as here",
-	"TestLazyStoreTakenIn":            "it hooks the io_uring engine's owner, whose stores may not wake it",
+	"TestLazyWakeTakenIn":             "it hooks the io_uring engine's owner, whose stores and loads may not wake it",
 	"TestLoadsJudgedAside":            "it runs tests of the suite with the io_uring engine's loads judged aside",
 	"TestCancelWhileJudgedAside":      "it holds a load of the io_uring engine in its Judge aside",
 	"TestRingBreaksWhileJudgedAside":  "it holds a load of the io_uring engine in its Judge aside and breaks the ring",
