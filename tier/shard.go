@@ -274,7 +274,8 @@ func (s *shard) loop() {
 			break
 		}
 		if loads && s.ring && s.aside == 0 {
-			// The caller whose Load woke this owner is likely on this CPU,
+			// The caller whose Load woke this owner (one that found none of its
+			// ops in the kernel: enqueue) is likely on this CPU,
 			// preempted by the thread it woke (README): let it finish its
 			// call before the loads' opens and reads run here. tierbench
 			// load, 64 KiB O_DIRECT, batches of 16, 5 interleaved rounds:
