@@ -31,8 +31,8 @@
 // Go's netpoller, holding no P either way (with fewer rings than Ps, where a
 // caller finds a P anyway, a locked owner sleeps in io_uring_enter and no
 // owner yields its P); callers hand it work through a
-// mutex-guarded inbox and wake it (a store or delete only when no completion
-// is due to, shard.enqueue), never touching the ring. The sync
+// mutex-guarded inbox and wake it (a load, store or delete only when no
+// completion is due to, shard.enqueue), never touching the ring. The sync
 // engine's owner hands key operations to a fixed pool of goroutines doing
 // plain system calls. What an operation does on disk is blockstore's
 // Program, which both engines execute (io_uring: one SQE per step); above
