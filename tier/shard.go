@@ -115,7 +115,7 @@ type shard struct {
 	be     backend
 	epoch  time.Time
 	exited chan struct{} // closed when the owner has gone
-	// ring: an io_uring owner. Stores and deletes may leave it asleep
+	// ring: an io_uring owner. Loads, stores and deletes may leave it asleep
 	// (enqueue), and it lets the caller that hands it loads have the CPU
 	// first (loop).
 	ring bool
@@ -213,7 +213,7 @@ func (s *shard) enqueue(r *request) {
 func (s *shard) awaitsCompletions() bool { return s.inFlight.Load() > s.stuckN.Load() }
 
 // lazyWake bounds an owner's sleep while it awaits completions: how long a
-// store or delete that did not wake it may wait (enqueue). An owner whose
+// load, store or delete that did not wake it may wait (enqueue). An owner whose
 // operations are all stuck sleeps as long as it likes, and is woken.
 const lazyWake = 2 * time.Millisecond
 
@@ -301,7 +301,7 @@ func (s *shard) loop() {
 		if s.ring && s.awaitsCompletions() {
 			d = min(d, lazyWake)
 		} else if s.ring && s.inboxWaits() {
-			// A store or delete that came in after the intake saw
+			// A load, store or delete that came in after the intake saw
 			// operations in the kernel and did not wake this owner; the
 			// last of them has completed since, and no completion is
 			// left to wake it: take it in now. Its enqueue appended
