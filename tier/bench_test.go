@@ -18,8 +18,8 @@ import (
 
 // The benchmarks report keys/s and the caller's time per key inside the
 // submit and poll calls (caller-ns/key); the load and store benchmarks
-// also the process's CPU time per key (cpu-ns/key). Fixtures live in one directory per
-// benchmark run, written once.
+// also the process's CPU time per key (cpu-ns/key). Fixtures live in one
+// directory per benchmark run, written once.
 
 const (
 	lookupKeys  = 16384 // half of them present
