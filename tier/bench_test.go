@@ -309,7 +309,7 @@ func BenchmarkLoad(b *testing.B) {
 						})
 					}
 					keys := float64(b.N * sz.blocks)
-					b.ReportMetric(float64((processCPU(b) - cpu).Nanoseconds())/keys, "cpu-ns/key")
+					b.ReportMetric(float64((processCPU(b)-cpu).Nanoseconds())/keys, "cpu-ns/key")
 					b.ReportMetric(keys/b.Elapsed().Seconds(), "keys/s")
 					b.ReportMetric(float64(caller.Nanoseconds())/keys, "caller-ns/key")
 				})
@@ -381,7 +381,7 @@ func BenchmarkStore(b *testing.B) {
 						run++
 					}
 					keys := float64(b.N * perRun)
-					b.ReportMetric(float64((processCPU(b) - cpu).Nanoseconds())/keys, "cpu-ns/key")
+					b.ReportMetric(float64((processCPU(b)-cpu).Nanoseconds())/keys, "cpu-ns/key")
 					b.ReportMetric(keys/b.Elapsed().Seconds(), "keys/s")
 					b.ReportMetric(float64(caller.Nanoseconds())/keys, "caller-ns/key")
 				})
