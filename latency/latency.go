@@ -94,13 +94,12 @@ func (h *Histogram) Record(d time.Duration) { h.counts[Bucket(d)].Add(1) }
 // Load copies the counts into dst. Each counter is read atomically, but
 // durations recorded during Load may be in dst or not.
 func (h *Histogram) Load(dst *Counts) {
-	for i := range h.counts {
-		dst[i] = h.counts[i].Load()
-	}
+	*dst = Counts{}
+	h.AddTo(dst)
 }
 
-// AddTo adds the counts into dst, as Load does: each counter is read
-// atomically.
+// AddTo adds the counts into dst, each counter read atomically as Load
+// reads it.
 func (h *Histogram) AddTo(dst *Counts) {
 	for i := range h.counts {
 		dst[i] += h.counts[i].Load()
