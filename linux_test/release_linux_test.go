@@ -28,6 +28,7 @@ func TestReleaseBeforePoll(t *testing.T) {
 			// in io_uring_enter for the hung read), so reads go to workers.
 			assert.Equal(t, "fuse", tr.Engine().FS)
 			assert.False(t, tr.Engine().Inline)
+			assert.False(t, tr.Engine().StoresSync, "stores stay on the ring where the filesystem may block")
 		}
 		require.NoError(t, tr.BlockStore().Put(tr.Namespace(), key(1), payload(1, blockSize)))
 		rule, err := fsys.Inject(faultfs.Fault{Ops: faultfs.OpRead, Path: "*", Hang: true})

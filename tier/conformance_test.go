@@ -51,14 +51,15 @@ func forEachEngine(t *testing.T, f func(t *testing.T, kind EngineKind)) {
 }
 
 // testNoDirect, when set (by judgeAllAside), makes openTier's tiers load
-// and store through the page cache.
-var testNoDirect bool
+// and store through the page cache; testStoresOnRing (TestStoresOnRing)
+// keeps their io_uring engine's stores on the rings.
+var testNoDirect, testStoresOnRing bool
 
 func openTier(t testing.TB, kind EngineKind, dir string, mod func(*Options)) *Tier {
 	t.Helper()
 	// No lookup cache unless a test asks for one (TestLookupCache, the
 	// model): most tests change the tree behind the tier's back.
-	opts := Options{BlockSize: testBlockSize, Engine: kind, Rings: 2, OpsMax: 64, LookupCacheTTL: -1, NoDirect: testNoDirect}
+	opts := Options{BlockSize: testBlockSize, Engine: kind, Rings: 2, OpsMax: 64, LookupCacheTTL: -1, NoDirect: testNoDirect, StoresOnRing: testStoresOnRing}
 	if mod != nil {
 		mod(&opts)
 	}
@@ -68,6 +69,7 @@ func openTier(t testing.TB, kind EngineKind, dir string, mod func(*Options)) *Ti
 	if kind == EngineURing {
 		// t.TempDir is on ext4 or tmpfs on every machine we test on.
 		require.True(t, tr.Engine().Inline, "filesystem %s", tr.Engine().FS)
+		require.Equal(t, !opts.StoresOnRing, tr.Engine().StoresSync, "stores on the store pool")
 	}
 	t.Cleanup(func() {
 		tr.Close(context.Background())

@@ -12,35 +12,17 @@ import (
 // stuck; the pool's size bounds how many can be, and the shard's deadlines
 // and breaker treat them as the io_uring engine's stuck operations.
 type syncBackend struct {
-	t     *Tier
-	ops   []op       // the shard's ops; a worker owns ops[i] between work and done
-	work  chan int32 // ops to run; capacity OpsMax, so start never blocks
-	done  chan int32 // finished ops; capacity OpsMax, so a worker never blocks
+	*syncPool
 	wakeC chan struct{}
 	timer *time.Timer // owner-only
-	ns    *nsDirFD    // the namespace directory; workers read its fd concurrently
-	cfg   blockstore.Config
-	wg    sync.WaitGroup
 }
 
 var _ backend = (*syncBackend)(nil)
 
 // newSyncBackend sets up shard s's backend and starts its workers.
 func newSyncBackend(t *Tier, s *shard) (*syncBackend, error) {
-	b := &syncBackend{
-		t:     t,
-		ops:   s.ops,
-		work:  make(chan int32, t.opts.OpsMax),
-		done:  make(chan int32, t.opts.OpsMax),
-		wakeC: make(chan struct{}, 1),
-		timer: time.NewTimer(time.Hour),
-		ns:    t.ns,
-		cfg:   t.programConfig(t.store.DirCache(t.opts.Namespace)),
-	}
-	for range t.opts.SyncWorkers {
-		b.wg.Add(1)
-		go b.worker()
-	}
+	b := &syncBackend{wakeC: make(chan struct{}, 1), timer: time.NewTimer(time.Hour)}
+	b.syncPool = newSyncPool(t, s, t.opts.SyncWorkers, nil)
 	return b, nil
 }
 
@@ -72,9 +54,51 @@ func (b *syncBackend) wait(d time.Duration, done []int32) []int32 {
 		}
 		b.timer.Stop()
 	}
+	return b.finished(done)
+}
+
+func (b *syncBackend) close() {
+	b.syncPool.close()
+	b.ns.release(false)
+}
+
+// syncPool is a fixed pool of goroutines that run ops' programs to their
+// outcome with plain system calls: the sync engine's, and the io_uring
+// engine's for stores on a local filesystem (EngineInfo.StoresSync).
+type syncPool struct {
+	t      *Tier
+	ops    []op       // the shard's ops; a worker owns ops[i] between work and done
+	work   chan int32 // ops to run; capacity OpsMax, so sending never blocks
+	done   chan int32 // finished ops; capacity OpsMax, so a worker never blocks
+	notify func()     // called after each op sent to done, if set
+	ns     *nsDirFD   // the namespace directory; workers read its fd concurrently
+	cfg    blockstore.Config
+	wg     sync.WaitGroup
+}
+
+// newSyncPool starts workers goroutines for shard s's ops.
+func newSyncPool(t *Tier, s *shard, workers int, notify func()) *syncPool {
+	p := &syncPool{
+		t:      t,
+		ops:    s.ops,
+		work:   make(chan int32, t.opts.OpsMax),
+		done:   make(chan int32, t.opts.OpsMax),
+		notify: notify,
+		ns:     t.ns,
+		cfg:    t.programConfig(t.store.DirCache(t.opts.Namespace)),
+	}
+	for range workers {
+		p.wg.Add(1)
+		go p.worker()
+	}
+	return p
+}
+
+// finished appends the ops that have finished to done, without waiting.
+func (p *syncPool) finished(done []int32) []int32 {
 	for {
 		select {
-		case i := <-b.done:
+		case i := <-p.done:
 			done = append(done, i)
 		default:
 			return done
@@ -82,42 +106,45 @@ func (b *syncBackend) wait(d time.Duration, done []int32) []int32 {
 	}
 }
 
-func (b *syncBackend) close() {
-	close(b.work)
-	b.wg.Wait()
-	b.ns.release(false)
+// close stops the workers, once no op is in flight.
+func (p *syncPool) close() {
+	close(p.work)
+	p.wg.Wait()
 }
 
 // worker runs ops' programs to their outcome, one at a time, in a
 // Program of its own on the heap (its steps point into it, and the kernel
 // reads those paths: a goroutine's stack may move).
-func (b *syncBackend) worker() {
-	defer b.wg.Done()
-	p := make([]blockstore.Program, 1)
+func (p *syncPool) worker() {
+	defer p.wg.Done()
+	prog := make([]blockstore.Program, 1)
 	hdr := alignedBytes(blockstore.ScratchSize)
-	for i := range b.work {
-		o := &b.ops[i]
-		o.status, o.err = b.run(&p[0], o, hdr)
-		b.done <- i
+	for i := range p.work {
+		o := &p.ops[i]
+		o.status, o.err = p.run(&prog[0], o, hdr)
+		p.done <- i
+		if p.notify != nil {
+			p.notify()
+		}
 	}
 }
 
 // run executes o's program: one namespace directory for all its phases,
 // unless a store finds it gone.
-func (b *syncBackend) run(p *blockstore.Program, o *op, hdr []byte) (Status, error) {
-	if err := p.Start(&b.cfg, programOp[o.kind], o.keyBytes(), o.buf, hdr, b.t.engine.Direct && aligned(o.buf)); err != nil {
+func (p *syncPool) run(prog *blockstore.Program, o *op, hdr []byte) (Status, error) {
+	if err := prog.Start(&p.cfg, programOp[o.kind], o.keyBytes(), o.buf, hdr, p.t.engine.Direct && aligned(o.buf)); err != nil {
 		return StatusFailed, err
 	}
-	dir := b.ns.currentAt(o.started)
+	dir := p.ns.currentAt(o.started)
 	for {
-		p.RunSync(dir)
-		if p.Judge() {
-			b.t.noteDisposal(p)
-			return tierStatus[p.Status], p.Err
+		prog.RunSync(dir)
+		if prog.Judge() {
+			p.t.noteDisposal(prog)
+			return tierStatus[prog.Status], prog.Err
 		}
-		if p.Renew {
-			p.Renew = false
-			dir = b.ns.renew(dir)
+		if prog.Renew {
+			prog.Renew = false
+			dir = p.ns.renew(dir)
 		}
 	}
 }

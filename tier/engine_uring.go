@@ -99,7 +99,8 @@ type uringBackend struct {
 	queued    int               // bytes of the reads and writes queued since the last submission
 	quiet     bool              // the ring signals its eventfd only while the owner sleeps on it (idle)
 	sumAside  int               // the payload from which a load is judged aside; 0: never
-	aside     []uint8           // by op: asideJudging, asideCanceled (judgeAside)
+	aside     []uint8           // by op: asideJudging, asideCanceled (judgeAside), asidePool
+	stores    *syncPool         // runs stores with plain system calls (EngineInfo.StoresSync); nil: stores go to the ring
 	asideMu   sync.Mutex
 	verdicts  []verdict // Judges run aside, for the owner to take; under asideMu
 	spareV    []verdict
@@ -113,10 +114,13 @@ type verdict struct {
 
 // An op's Judge runs aside (asideJudging): nothing but that goroutine
 // touches its program. A cancel meanwhile is kept (asideCanceled) for
-// the owner to apply once the verdict is in.
+// the owner to apply once the verdict is in. A store on the store pool
+// (asidePool) has nothing in the ring either; a cancel cannot reach its
+// system calls, as on the sync engine.
 const (
 	asideJudging uint8 = 1 << iota
 	asideCanceled
+	asidePool
 )
 
 // A ring whose latest coldRun cached-first lookup opens all missed the
@@ -208,6 +212,10 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 			b.close()
 		}
 	}()
+	if t.engine.StoresSync {
+		rings := t.opts.Rings
+		b.stores = newSyncPool(t, s, (t.opts.SyncWorkers+rings-1)/rings, b.wake)
+	}
 	cq := 8 * entries
 	if ringSize > 0 {
 		entries, cq = ringSize, ringSize
@@ -320,7 +328,7 @@ func (b *uringBackend) fail(err error) {
 	for i := range b.s.ops {
 		o := &b.s.ops[i]
 		if !o.inUse || b.aside[i] != 0 {
-			continue // takeVerdicts fails an op judged aside
+			continue // takeVerdicts fails an op judged aside; the store pool finishes its own
 		}
 		if o.status == StatusPending {
 			o.status, o.err = StatusFailed, b.broken
@@ -383,6 +391,9 @@ func (b *uringBackend) start(i int32, o *op, done []int32) []int32 {
 	if b.broken != nil {
 		o.status, o.err = StatusFailed, b.broken
 		b.doneQ = append(b.doneQ, i)
+	} else if b.stores != nil && o.kind == OpStore {
+		b.aside[i] = asidePool
+		b.stores.work <- i
 	} else if err := p.Start(cfg, programOp[o.kind], o.keyBytes(), o.buf, b.hdr(i), b.direct && aligned(o.buf)); err != nil {
 		o.status, o.err = StatusFailed, err
 		b.doneQ = append(b.doneQ, i)
@@ -771,6 +782,7 @@ func (b *uringBackend) judged(i int32, decided bool) {
 // round trip of 8 keys took 98-146 µs and 84-106 µs (first design: 69-112).
 // SQEs that the reaped completions queue go with the next wait.
 func (b *uringBackend) wait(d time.Duration, done []int32) []int32 {
+	b.takeStored()
 	switch {
 	case b.broken != nil:
 		if len(b.doneQ) == 0 {
@@ -804,12 +816,25 @@ func (b *uringBackend) wait(d time.Duration, done []int32) []int32 {
 		b.reap()
 	}
 	b.takeVerdicts()
+	b.takeStored()
 	if b.broken == nil {
 		b.prepareNext()
 	}
 	done = append(done, b.doneQ...)
 	b.doneQ = b.doneQ[:0]
 	return done
+}
+
+// takeStored takes the stores that the store pool has finished.
+func (b *uringBackend) takeStored() {
+	if b.stores == nil {
+		return
+	}
+	n := len(b.doneQ)
+	b.doneQ = b.stores.finished(b.doneQ)
+	for _, i := range b.doneQ[n:] {
+		b.aside[i] = 0
+	}
 }
 
 // probeLinger is how long an owner with nothing in flight waits before it
@@ -930,6 +955,9 @@ func (b *uringBackend) prepareNext() {
 // close releases the ring and everything the kernel could reference. The
 // shard calls it only once no op is in flight.
 func (b *uringBackend) close() {
+	if b.stores != nil {
+		b.stores.close()
+	}
 	if b.broken != nil {
 		// The kernel may still write into the programs and buffers of
 		// the ops it had, and resolve paths against the namespace

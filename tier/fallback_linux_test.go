@@ -96,6 +96,8 @@ var notInConformanceSuite = map[string]string{
 	"TestLoadsJudgedAside":            "it runs tests of the suite with the io_uring engine's loads judged aside",
 	"TestCancelWhileJudgedAside":      "it holds a load of the io_uring engine in its Judge aside",
 	"TestRingBreaksWhileJudgedAside":  "it holds a load of the io_uring engine in its Judge aside and breaks the ring",
+	"TestStoresSync":                  "it counts the io_uring engine's SQEs for stores on and off its rings",
+	"TestStoresOnRing":                "it runs tests of the suite with the io_uring engine's stores on its rings",
 }
 
 // TestConformanceWithoutIOURing runs the conformance suite in a child process of this test binary

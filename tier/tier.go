@@ -89,6 +89,11 @@ type EngineInfo struct {
 	// LookupMixed). Otherwise owners are ordinary goroutines, cheaper to
 	// wake.
 	OwnThreads bool
+	// StoresSync says whether the io_uring engine runs stores as plain
+	// system calls on a pool of goroutines (SyncWorkers in all), as the
+	// sync engine does: on a local filesystem (Inline), unless
+	// Options.StoresOnRing.
+	StoresSync bool
 }
 
 // request is one submitted batch. Fields are written by the submitting
@@ -325,6 +330,7 @@ func chooseEngine(dir string, opts Options) (EngineInfo, error) {
 	} else {
 		e.Rings = opts.Rings
 		e.OwnThreads = !e.Inline || opts.Lookup != LookupOpenPath
+		e.StoresSync = e.Inline && !opts.StoresOnRing
 	}
 	return e, nil
 }
@@ -386,7 +392,7 @@ func (t *Tier) logEngine() {
 	}
 	attrs := []any{"engine", e.Kind.String(), "why", why, "fs", e.FS}
 	if e.Kind == EngineURing {
-		attrs = append(attrs, "rings", e.Rings, "flags", e.Flags, "inline", e.Inline, "own_threads", e.OwnThreads)
+		attrs = append(attrs, "rings", e.Rings, "flags", e.Flags, "inline", e.Inline, "own_threads", e.OwnThreads, "stores_sync", e.StoresSync)
 	} else {
 		attrs = append(attrs, "workers", t.opts.SyncWorkers)
 	}

@@ -1,0 +1,79 @@
+package tier
+
+import (
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestStoresSync: on a local filesystem the io_uring engine runs stores
+// on its store pool, so they hand nothing to the ring, and with
+// Options.StoresOnRing on the ring; either way they store what a Get
+// reads back, and loads and lookups stay on the ring.
+func TestStoresSync(t *testing.T) {
+	var sqes atomic.Int64
+	ringFault = func(n uint32) error {
+		sqes.Add(int64(n))
+		return nil
+	}
+	t.Cleanup(func() { ringFault = nil })
+	for _, onRing := range []bool{false, true} {
+		tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.StoresOnRing = onRing })
+		assert.Equal(t, !onRing, tr.Engine().StoresSync)
+		idx := seq(0, 64)
+		bufs := make([][]byte, len(idx))
+		for i := range idx {
+			bufs[i] = testPayload(i)
+		}
+		sqes.Store(0)
+		require.NoError(t, tr.Store(1, testKeys(idx...), bufs))
+		for i, k := range await(t, tr, 1)[1].Keys {
+			require.Equal(t, StatusStored, k.Status, "store %d: %v", i, k.Err)
+		}
+		if onRing {
+			assert.Positive(t, sqes.Load(), "stores on the ring handed it no SQE")
+		} else {
+			assert.Zero(t, sqes.Load(), "stores on the store pool handed the ring SQEs")
+		}
+		for i := range idx {
+			got := make([]byte, testBlockSize)
+			_, err := tr.BlockStore().Get(tr.Namespace(), testKey(i), got)
+			require.NoError(t, err)
+			require.Equal(t, testPayload(i), got, "block %d", i)
+		}
+		sqes.Store(0)
+		require.NoError(t, tr.Lookup(2, testKeys(idx...)))
+		for i, k := range await(t, tr, 2)[2].Keys {
+			require.Equal(t, StatusFound, k.Status, "lookup %d: %v", i, k.Err)
+		}
+		assert.Positive(t, sqes.Load(), "lookups handed the ring no SQE")
+	}
+}
+
+// TestStoresOnRing runs the tests that store through the io_uring engine
+// with its stores on the rings (Options.StoresOnRing), as on FUSE and NFS,
+// rather than on the store pool that runs them on a local filesystem by
+// default; openTier checks that the option took.
+func TestStoresOnRing(t *testing.T) {
+	testStoresOnRing = true
+	t.Cleanup(func() { testStoresOnRing = false })
+	for _, c := range []struct {
+		name string
+		f    func(*testing.T)
+	}{
+		{"TestStore", TestStore}, {"TestStoreDirectoryVanished", TestStoreDirectoryVanished},
+		{"TestStoreFromBuffers", TestStoreFromBuffers}, {"TestBurstStoresIntoNewDirectories", TestBurstStoresIntoNewDirectories},
+		{"TestBlocksSpanManyChunks", TestBlocksSpanManyChunks}, {"TestStoreAfterNamespaceRemoved", TestStoreAfterNamespaceRemoved},
+		{"TestStoreAfterFanoutRemoved", TestStoreAfterFanoutRemoved}, {"TestStoreAfterRepeatedRemoval", TestStoreAfterRepeatedRemoval},
+		{"TestFileInPlaceOfFanoutDir", TestFileInPlaceOfFanoutDir}, {"TestDirectoryIsAFile", TestDirectoryIsAFile},
+		{"TestSymlinkedFanoutDir", TestSymlinkedFanoutDir}, {"TestCapacityFull", TestCapacityFull},
+		{"TestCloseWithWorkInFlight", TestCloseWithWorkInFlight}, {"TestDirectBypassesPageCache", TestDirectBypassesPageCache},
+		{"TestVLLMRawStore", TestVLLMRawStore}, {"TestModel", TestModel}, {"TestReapUnderPressure", TestReapUnderPressure},
+		{"TestLazyWakeTakenIn", TestLazyWakeTakenIn}, {"TestLockedOwnerWithSpareP", TestLockedOwnerWithSpareP},
+		{"TestCancel", TestCancel},
+	} {
+		t.Run(c.name, c.f)
+	}
+}
