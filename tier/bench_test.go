@@ -237,21 +237,28 @@ var ioModes = []struct {
 }{{"io=direct", false}, {"io=buffered", true}}
 
 // ioEngines are the engines of the load and store benchmarks: io_uring
-// with one ring and with a ring per CPU, and the sync engine.
-func ioEngines() []struct {
-	name  string
-	kind  EngineKind
-	rings int
-} {
-	return []struct {
-		name  string
-		kind  EngineKind
-		rings int
-	}{
-		{"engine=uring/rings=1", EngineURing, 1},
-		{"engine=uring/rings=cpus", EngineURing, runtime.GOMAXPROCS(0)},
-		{"engine=sync", EngineSync, 0},
+// with one ring and with a ring per CPU, and the sync engine; for stores
+// (stores true) also the io_uring engine with its stores on its rings
+// (Options.StoresOnRing), as it stored before it had a store pool.
+func ioEngines(stores bool) []ioEngine {
+	es := []ioEngine{
+		{"engine=uring/rings=1", EngineURing, 1, false},
+		{"engine=uring/rings=cpus", EngineURing, runtime.GOMAXPROCS(0), false},
+		{"engine=sync", EngineSync, 0, false},
 	}
+	if stores {
+		es = append(es,
+			ioEngine{"engine=uring-onring/rings=1", EngineURing, 1, true},
+			ioEngine{"engine=uring-onring/rings=cpus", EngineURing, runtime.GOMAXPROCS(0), true})
+	}
+	return es
+}
+
+type ioEngine struct {
+	name   string
+	kind   EngineKind
+	rings  int
+	onRing bool // Options.StoresOnRing
 }
 
 // processCPU returns the process's user and system CPU time: every
@@ -291,7 +298,7 @@ func BenchmarkLoad(b *testing.B) {
 	for _, sz := range ioSizes {
 		dir := ioFixture(b, sz.size, sz.blocks)
 		for _, m := range ioModes {
-			for _, e := range ioEngines() {
+			for _, e := range ioEngines(false) {
 				b.Run("size="+sz.name+"/"+m.name+"/"+e.name, func(b *testing.B) {
 					const depth = 4
 					tr := benchTier(b, dir, e.kind, func(o *Options) {
@@ -360,11 +367,11 @@ func openBig(b *testing.B, dir string) ([]byte, []int) {
 func BenchmarkStore(b *testing.B) {
 	for _, sz := range ioSizes {
 		for _, m := range ioModes {
-			for _, e := range ioEngines() {
+			for _, e := range ioEngines(true) {
 				b.Run("size="+sz.name+"/"+m.name+"/"+e.name, func(b *testing.B) {
 					const depth, perRun = 4, 16
 					tr := benchTier(b, b.TempDir(), e.kind, func(o *Options) {
-						o.BlockSize, o.Buffers, o.Rings, o.NoDirect = sz.size, depth, e.rings, m.noDirect
+						o.BlockSize, o.Buffers, o.Rings, o.NoDirect, o.StoresOnRing = sz.size, depth, e.rings, m.noDirect, e.onRing
 					})
 					bufs := tr.Buffers()
 					b.SetBytes(int64(sz.size * perRun)) // one loop iteration stores perRun blocks

@@ -101,6 +101,7 @@ type uringBackend struct {
 	sumAside  int               // the payload from which a load is judged aside; 0: never
 	aside     []uint8           // by op: asideJudging, asideCanceled (judgeAside), asidePool
 	stores    *syncPool         // runs stores with plain system calls (EngineInfo.StoresSync); nil: stores go to the ring
+	pooled    int               // of the shard's ops in use: those on the store pool
 	asideMu   sync.Mutex
 	verdicts  []verdict // Judges run aside, for the owner to take; under asideMu
 	spareV    []verdict
@@ -393,6 +394,7 @@ func (b *uringBackend) start(i int32, o *op, done []int32) []int32 {
 		b.doneQ = append(b.doneQ, i)
 	} else if b.stores != nil && o.kind == OpStore {
 		b.aside[i] = asidePool
+		b.pooled++
 		b.stores.work <- i
 	} else if err := p.Start(cfg, programOp[o.kind], o.keyBytes(), o.buf, b.hdr(i), b.direct && aligned(o.buf)); err != nil {
 		o.status, o.err = StatusFailed, err
@@ -558,6 +560,8 @@ func (b *uringBackend) wake() {
 		unix.Write(b.evfdN, eventfdOne[:]) // EAGAIN: the counter is full, the owner wakes anyway
 	}
 }
+
+func (b *uringBackend) wakeCalls() bool { return b.evfd == nil || b.onEventfd.Load() }
 
 // eventfdOne is what wake adds to the eventfd's counter; shared and never
 // written, so that a wake allocates nothing.
@@ -835,6 +839,7 @@ func (b *uringBackend) takeStored() {
 	for _, i := range b.doneQ[n:] {
 		b.aside[i] = 0
 	}
+	b.pooled -= len(b.doneQ) - n
 }
 
 // probeLinger is how long an owner with nothing in flight waits before it
@@ -870,7 +875,8 @@ func (b *uringBackend) emptyProbed() {
 }
 
 // idle sleeps for at most d or until woken, and says whether it was. With nothing in the kernel
-// (or no eventfd: a broken ring), nothing but wake can end the sleep, and
+// (no op in use but on the store pool, whose workers wake the owner when
+// they finish one; or no eventfd: a broken ring), nothing but wake can end the sleep, and
 // the owner waits on a channel like any goroutine; otherwise it waits on
 // the ring's eventfd as well: a caller's wake is then a
 // channel send, not an eventfd write (64 KiB loads from the page cache,
@@ -878,7 +884,7 @@ func (b *uringBackend) emptyProbed() {
 // 0.9–1.5 µs, and a round trip of 8 lookups from 28–33 to 17–18 µs).
 func (b *uringBackend) idle(d time.Duration) (woken bool) {
 	d = max(d, time.Microsecond)
-	if b.s.inUse == 0 || b.evfd == nil {
+	if b.s.inUse == b.pooled || b.evfd == nil {
 		b.timer.Reset(d)
 		select {
 		case <-b.wakeC:

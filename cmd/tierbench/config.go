@@ -105,6 +105,7 @@ type config struct {
 	opsMax           int
 	workersMax       int
 	syncWorkers      int
+	storesOnRing     bool
 	cacheTTL         time.Duration
 	durability       string
 	breakerThreshold int

@@ -146,6 +146,7 @@ func (s *session) openTier(kind tier.EngineKind, depth, batch, bufs int, bounded
 		OpsMax:           c.opsMax,
 		WorkersMax:       c.workersMax,
 		SyncWorkers:      c.syncWorkers,
+		StoresOnRing:     c.storesOnRing,
 		LookupCacheTTL:   cacheTTL(c.cacheTTL),
 		Durability:       durabilities[c.durability],
 		BreakerThreshold: c.breakerThreshold,
