@@ -36,6 +36,11 @@ import (
 // to kernel workers, the owner is locked to its thread and the ring is
 // SINGLE_ISSUER and DEFER_TASKRUN (EngineInfo.OwnThreads): one set of
 // workers per ring, at most WorkersMax, whatever Go does with its threads.
+// On a local filesystem stores are not the ring's: io_uring hands their
+// O_CREAT opens, renames and MKDIRs to kernel workers, each hand-off
+// costing more CPU than the call, so the owner passes them to its store
+// pool (a syncPool, EngineInfo.StoresSync), whose goroutines make the calls
+// and wake it when they finish.
 //
 // The owner executes blockstore's programs: each step of a
 // phase becomes one SQE, linked as the step says (LinkOnSuccess is

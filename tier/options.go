@@ -235,7 +235,7 @@ type Options struct {
 	// in all, EngineInfo.StoresSync): a store's O_CREAT open, its rename
 	// and any mkdir always go from the ring to a kernel worker, a hand-off
 	// and a few context switches each, which cost more CPU than the calls
-	// themselves (README, "Stores"). Elsewhere (FUSE, NFS, unknown) stores
+	// themselves (README, "Figures from one machine"). Elsewhere (FUSE, NFS, unknown) stores
 	// stay on the rings, where no thread blocks per file.
 	StoresOnRing bool
 	// NoDirect turns O_DIRECT off for loads and stores even where it
