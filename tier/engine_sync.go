@@ -42,6 +42,8 @@ func (b *syncBackend) wake() {
 
 func (b *syncBackend) wakeCalls() bool { return false }
 
+func (b *syncBackend) sleepsOnKernel() bool { return false }
+
 func (b *syncBackend) wait(d time.Duration, done []int32) []int32 {
 	select {
 	case i := <-b.done:

@@ -568,6 +568,10 @@ func (b *uringBackend) wake() {
 
 func (b *uringBackend) wakeCalls() bool { return b.evfd == nil || b.onEventfd.Load() }
 
+// sleepsOnKernel: idle sleeps on the eventfd only with an op in use that
+// is not on the store pool.
+func (b *uringBackend) sleepsOnKernel() bool { return b.evfd == nil || b.s.inUse > b.pooled }
+
 // eventfdOne is what wake adds to the eventfd's counter; shared and never
 // written, so that a wake allocates nothing.
 var eventfdOne = func() (b [8]byte) { binary.NativeEndian.PutUint64(b[:], 1); return }()
