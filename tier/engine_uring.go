@@ -36,11 +36,13 @@ import (
 // to kernel workers, the owner is locked to its thread and the ring is
 // SINGLE_ISSUER and DEFER_TASKRUN (EngineInfo.OwnThreads): one set of
 // workers per ring, at most WorkersMax, whatever Go does with its threads.
-// On a local filesystem stores are not the ring's: io_uring hands their
-// O_CREAT opens, renames and MKDIRs to kernel workers, each hand-off
-// costing more CPU than the call, so the owner passes them to its store
-// pool (a syncPool, EngineInfo.StoresSync), whose goroutines make the calls
-// and wake it when they finish.
+// On a local filesystem stores through the page cache are not the ring's:
+// io_uring hands their O_CREAT opens, renames and MKDIRs to kernel
+// workers, each hand-off costing more CPU than the call, so the owner
+// passes them to its store pool (a syncPool, EngineInfo.StoresSync), whose
+// goroutines make the calls and wake it when they finish. O_DIRECT stores,
+// which wait for the device, stay on the ring, where no thread blocks for
+// one.
 //
 // The owner executes blockstore's programs: each step of a
 // phase becomes one SQE, linked as the step says (LinkOnSuccess is
@@ -397,7 +399,7 @@ func (b *uringBackend) start(i int32, o *op, done []int32) []int32 {
 	if b.broken != nil {
 		o.status, o.err = StatusFailed, b.broken
 		b.doneQ = append(b.doneQ, i)
-	} else if b.stores != nil && o.kind == OpStore {
+	} else if b.stores != nil && o.kind == OpStore && !(b.direct && aligned(o.buf)) {
 		b.aside[i] = asidePool
 		b.pooled++
 		b.stores.work <- i

@@ -229,14 +229,16 @@ type Options struct {
 	// Lookup picks the io_uring lookup operation; LookupOpenPath by
 	// default.
 	Lookup LookupOp
-	// StoresOnRing keeps the io_uring engine's stores on its rings on a
-	// local filesystem (EngineInfo.Inline) too. By default they run there
-	// as plain system calls on a pool of goroutines per ring (SyncWorkers
-	// in all, EngineInfo.StoresSync): a store's O_CREAT open, its rename
-	// and any mkdir always go from the ring to a kernel worker, a hand-off
-	// and a few context switches each, which cost more CPU than the calls
-	// themselves (README, "Figures from one machine"). Elsewhere (FUSE, NFS, unknown) stores
-	// stay on the rings, where no thread blocks per file.
+	// StoresOnRing keeps the io_uring engine's stores through the page
+	// cache on its rings on a local filesystem (EngineInfo.Inline) too. By
+	// default they run there as plain system calls on a pool of goroutines
+	// per ring (SyncWorkers in all, EngineInfo.StoresSync): a store's
+	// O_CREAT open, its rename and any mkdir always go from the ring to a
+	// kernel worker, a hand-off and a few context switches each, which cost
+	// more CPU than the calls themselves (README, "Figures from one
+	// machine"). O_DIRECT stores, which wait for the device, and stores on
+	// FUSE, NFS and unknown filesystems stay on the rings, where no thread
+	// blocks per file.
 	StoresOnRing bool
 	// NoDirect turns O_DIRECT off for loads and stores even where it
 	// works. With it on (the default, where the filesystem takes O_DIRECT

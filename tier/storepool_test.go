@@ -9,9 +9,11 @@ import (
 )
 
 // TestStoresSync: on a local filesystem the io_uring engine runs stores
-// on its store pool, so they hand nothing to the ring, and with
-// Options.StoresOnRing on the ring; either way they store what a Get
-// reads back, and loads and lookups stay on the ring.
+// through the page cache on its store pool, so they hand nothing to the
+// ring, and with Options.StoresOnRing on the ring; O_DIRECT stores (of the
+// tier's aligned buffers, where the filesystem takes O_DIRECT) go to the
+// ring either way. Every store stores what a Get reads back, and lookups
+// stay on the ring.
 func TestStoresSync(t *testing.T) {
 	var sqes atomic.Int64
 	ringFault = func(n uint32) error {
@@ -19,36 +21,46 @@ func TestStoresSync(t *testing.T) {
 		return nil
 	}
 	t.Cleanup(func() { ringFault = nil })
-	for _, onRing := range []bool{false, true} {
-		tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.StoresOnRing = onRing })
-		assert.Equal(t, !onRing, tr.Engine().StoresSync)
-		idx := seq(0, 64)
-		bufs := make([][]byte, len(idx))
-		for i := range idx {
-			bufs[i] = testPayload(i)
-		}
-		sqes.Store(0)
-		require.NoError(t, tr.Store(1, testKeys(idx...), bufs))
-		for i, k := range await(t, tr, 1)[1].Keys {
-			require.Equal(t, StatusStored, k.Status, "store %d: %v", i, k.Err)
-		}
-		if onRing {
-			assert.Positive(t, sqes.Load(), "stores on the ring handed it no SQE")
-		} else {
-			assert.Zero(t, sqes.Load(), "stores on the store pool handed the ring SQEs")
-		}
-		for i := range idx {
-			got := make([]byte, testBlockSize)
-			_, err := tr.BlockStore().Get(tr.Namespace(), testKey(i), got)
-			require.NoError(t, err)
-			require.Equal(t, testPayload(i), got, "block %d", i)
-		}
-		sqes.Store(0)
-		require.NoError(t, tr.Lookup(2, testKeys(idx...)))
-		for i, k := range await(t, tr, 2)[2].Keys {
-			require.Equal(t, StatusFound, k.Status, "lookup %d: %v", i, k.Err)
-		}
-		assert.Positive(t, sqes.Load(), "lookups handed the ring no SQE")
+	for _, c := range []struct {
+		name           string
+		onRing, direct bool
+	}{{"pool", false, false}, {"onring", true, false}, {"direct", false, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			const n = 16
+			tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) {
+				o.StoresOnRing, o.NoDirect, o.Buffers = c.onRing, !c.direct, n
+			})
+			assert.Equal(t, !c.onRing, tr.Engine().StoresSync)
+			idx := seq(0, n)
+			bufs := tr.Buffers()
+			for i := range idx {
+				copy(bufs[i], testPayload(i))
+			}
+			sqes.Store(0)
+			require.NoError(t, tr.Store(1, testKeys(idx...), bufs))
+			for i, k := range await(t, tr, 1)[1].Keys {
+				require.Equal(t, StatusStored, k.Status, "store %d: %v", i, k.Err)
+			}
+			// The filesystem under t.TempDir may refuse O_DIRECT: its
+			// stores then go through the page cache, to the pool.
+			if c.onRing || c.direct && tr.Engine().Direct {
+				assert.Positive(t, sqes.Load(), "stores on the ring handed it no SQE")
+			} else {
+				assert.Zero(t, sqes.Load(), "stores on the store pool handed the ring SQEs")
+			}
+			for i := range idx {
+				got := make([]byte, testBlockSize)
+				_, err := tr.BlockStore().Get(tr.Namespace(), testKey(i), got)
+				require.NoError(t, err)
+				require.Equal(t, testPayload(i), got, "block %d", i)
+			}
+			sqes.Store(0)
+			require.NoError(t, tr.Lookup(2, testKeys(idx...)))
+			for i, k := range await(t, tr, 2)[2].Keys {
+				require.Equal(t, StatusFound, k.Status, "lookup %d: %v", i, k.Err)
+			}
+			assert.Positive(t, sqes.Load(), "lookups handed the ring no SQE")
+		})
 	}
 }
 

@@ -89,10 +89,10 @@ type EngineInfo struct {
 	// LookupMixed). Otherwise owners are ordinary goroutines, cheaper to
 	// wake.
 	OwnThreads bool
-	// StoresSync says whether the io_uring engine runs stores as plain
-	// system calls on a pool of goroutines (SyncWorkers in all), as the
-	// sync engine does: on a local filesystem (Inline), unless
-	// Options.StoresOnRing.
+	// StoresSync says whether the io_uring engine runs stores through the
+	// page cache (all of them where Direct is false) as plain system calls
+	// on a pool of goroutines (SyncWorkers in all), as the sync engine
+	// does: on a local filesystem (Inline), unless Options.StoresOnRing.
 	StoresSync bool
 }
 

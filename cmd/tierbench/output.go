@@ -226,7 +226,7 @@ func engineLine(e tier.EngineInfo) string {
 		}
 		fmt.Fprintf(&b, "io_uring, %d %s, setup flags %s; ", e.Rings, rings, e.Flags)
 		if e.StoresSync {
-			b.WriteString("stores as plain syscalls on a pool of goroutines (a local filesystem); ")
+			b.WriteString("stores through the page cache as plain syscalls on a pool of goroutines (a local filesystem); ")
 		}
 	} else {
 		b.WriteString("plain syscalls on a pool of goroutines; ")
