@@ -98,6 +98,7 @@ var notInConformanceSuite = map[string]string{
 	"TestRingBreaksWhileJudgedAside":  "it holds a load of the io_uring engine in its Judge aside and breaks the ring",
 	"TestStoresSync":                  "it counts the io_uring engine's SQEs for stores on and off its rings",
 	"TestStoresOnRing":                "it runs tests of the suite with the io_uring engine's stores on its rings",
+	"TestStuckPooledStore":            "it holds a store on the io_uring engine's store pool",
 }
 
 // TestConformanceWithoutIOURing runs the conformance suite in a child process of this test binary

@@ -1,8 +1,11 @@
 package tier
 
 import (
+	"context"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -88,4 +91,55 @@ func TestStoresOnRing(t *testing.T) {
 	} {
 		t.Run(c.name, c.f)
 	}
+}
+
+// TestStuckPooledStore: a store that hangs on the store pool (its worker
+// held in a hook, as in a system call that does not return) times out at
+// IOTimeout like any stuck op, while lookups and loads on the ring go on;
+// Close gives up on it by its context's deadline; once the worker lets go,
+// the owner finishes the store and releases the ring.
+func TestStuckPooledStore(t *testing.T) {
+	release, held := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	poolRun = func(o *op) {
+		once.Do(func() {
+			close(held)
+			<-release
+		})
+	}
+	t.Cleanup(func() { poolRun = nil })
+	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) {
+		o.Rings, o.IOTimeout, o.NoDirect = 1, 100*time.Millisecond, true
+	})
+	put(t, tr, 1)
+	require.NoError(t, tr.Store(1, testKeys(0), [][]byte{testPayload(0)}))
+	select {
+	case <-held:
+	case <-time.After(10 * time.Second):
+		require.FailNow(t, "the store never reached the store pool")
+	}
+	k := await(t, tr, 1)[1].Keys[0]
+	assert.Equal(t, StatusTimedOut, k.Status, "%v", k.Err)
+	assert.ErrorIs(t, k.Err, ErrTimeout)
+	assert.Equal(t, 1, int(tr.Stats().Stuck))
+
+	buf := make([]byte, testBlockSize)
+	require.NoError(t, tr.Lookup(2, testKeys(1)))
+	require.NoError(t, tr.Load(3, testKeys(1), [][]byte{buf}))
+	res := await(t, tr, 2, 3)
+	assert.Equal(t, StatusFound, res[2].Keys[0].Status)
+	assert.Equal(t, StatusLoaded, res[3].Keys[0].Status)
+	assert.Equal(t, testPayload(1), buf)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	closed := time.Now()
+	err := tr.Close(ctx)
+	assert.ErrorIs(t, err, ErrStuck)
+	assert.ErrorContains(t, err, "1 operations still held")
+	assert.Less(t, time.Since(closed), 5*time.Second, "Close waited for the stuck store")
+	assert.Equal(t, 1, int(tr.Stats().Stuck), "after Close")
+	close(release)
+	require.Eventually(t, func() bool { return tr.Stats().Stuck == 0 }, 10*time.Second, time.Millisecond,
+		"the owner did not finish the store its worker let go of")
 }
