@@ -99,7 +99,6 @@ var notInConformanceSuite = map[string]string{
 	"TestStoresSync":                  "it counts the io_uring engine's SQEs for stores on and off its rings",
 	"TestStoresOnRing":                "it runs tests of the suite with the io_uring engine's stores on its rings",
 	"TestStuckPooledStore":            "it holds a store on the io_uring engine's store pool",
-	"TestStoresYieldToReads":          "it needs a FUSE mount; the cap is the shard's, the same code with either engine",
 }
 
 // TestConformanceWithoutIOURing runs the conformance suite in a child process of this test binary

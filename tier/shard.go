@@ -478,30 +478,11 @@ func (s *shard) mine(r *request, i int) bool {
 // storesMax is how many stores a shard has in flight at most: reads go to
 // the filesystem first, and a burst of stores must not fill the device's
 // queue ahead of them. deletesMax is the same for deletes, which come
-// last: eviction must not stall the work it makes room for. While a
-// lookup or load of an io_uring shard is in flight, at most
-// storesBesideReads stores start: their opens, writes and renames, in
-// kernel workers, take the CPUs and the device from the reads (tierbench
-// mixed --store-bytes 1GiB, ext4 O_DIRECT, 3 interleaved runs against
-// storesMax alone: the p99 of lookups with stores over that without
-// 1.26-2.08 [1.34] against 2.08-2.50 [2.34], of loads 1.00-1.84 [1.08]
-// against 1.48-1.67 [1.58]; the stores wrote 154-195 MiB in the readers'
-// 2 s against 288-336). Not the sync engine, whose workers the reads share
-// with the stores anyway: there the cap halved what the stores wrote (17-18
-// MiB against 35-42, 2 runs) for no lower p99.
+// last: eviction must not stall the work it makes room for.
 const (
-	storesMax         = 16
-	storesBesideReads = 4
-	deletesMax        = 32
+	storesMax  = 16
+	deletesMax = 32
 )
-
-// storesFull reports whether the shard has as many stores in flight as it
-// may: storesMax, or on io_uring storesBesideReads while a lookup or load
-// is.
-func (s *shard) storesFull() bool {
-	reads := s.inUse - s.stores - s.deletes
-	return s.stores >= storesMax || s.ring && reads > 0 && s.stores >= storesBesideReads
-}
 
 // startKeys starts the keys of queued requests while ops are free: those
 // of lookups and loads first, then those of stores, then deletes.
@@ -613,7 +594,7 @@ func (s *shard) startKey(r *request, i int, now time.Time) bool {
 		}
 		probe = true
 	}
-	if len(s.free) == 0 || r.op == OpStore && s.storesFull() || r.op == OpDelete && s.deletes >= deletesMax {
+	if len(s.free) == 0 || r.op == OpStore && s.stores >= storesMax || r.op == OpDelete && s.deletes >= deletesMax {
 		return false
 	}
 	switch r.op {

@@ -9,8 +9,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/uringtier/uringtier/internal/faultfs"
 )
 
 // TestStoresSync: on a local filesystem the io_uring engine runs stores
@@ -144,57 +142,4 @@ func TestStuckPooledStore(t *testing.T) {
 	close(release)
 	require.Eventually(t, func() bool { return tr.Stats().Stuck == 0 }, 10*time.Second, time.Millisecond,
 		"the owner did not finish the store its worker let go of")
-}
-
-// TestStoresYieldToReads: while a load is in flight (its read hung in a
-// FUSE filesystem), an io_uring shard starts at most storesBesideReads
-// stores of a batch of 32 (their writes hung too), the sync engine
-// storesMax; once the writes go on, every store completes while the
-// load still hangs, and the load after.
-func TestStoresYieldToReads(t *testing.T) {
-	for _, kind := range []EngineKind{EngineURing, EngineSync} {
-		t.Run(kind.String(), func(t *testing.T) {
-			fsys := mountFaultFS(t)
-			tr, err := Open(fsys.Mountpoint(), Options{BlockSize: testBlockSize, Engine: kind, Rings: 1, OpsMax: 64, LookupCacheTTL: -1})
-			require.NoError(t, err)
-			defer tr.Close(context.Background())
-			put(t, tr, 0)
-			reads, err := fsys.Inject(faultfs.Fault{Ops: faultfs.OpRead, Hang: true})
-			require.NoError(t, err)
-			defer reads.Release()
-			buf := make([]byte, testBlockSize)
-			require.NoError(t, tr.Load(1, testKeys(0), [][]byte{buf}))
-			require.Eventually(t, func() bool { return reads.Hung() == 1 }, 10*time.Second, time.Millisecond, "the load's read did not hang")
-
-			writes, err := fsys.Inject(faultfs.Fault{Ops: faultfs.OpWrite, Hang: true})
-			require.NoError(t, err)
-			defer writes.Release()
-			idx := seq(100, 132)
-			bufs := make([][]byte, len(idx))
-			for i, k := range idx {
-				bufs[i] = testPayload(k)
-			}
-			require.NoError(t, tr.Store(2, testKeys(idx...), bufs))
-			// The sync engine starts storesMax, of which as many hang as
-			// it has workers besides the load's.
-			started, hung := storesBesideReads, storesBesideReads
-			if kind == EngineSync {
-				started, hung = storesMax, tr.opts.SyncWorkers-1
-			}
-			require.Eventually(t, func() bool { return writes.Hung() == hung }, 10*time.Second, time.Millisecond,
-				"the stores did not hang in their writes")
-			// A pass starts every store it may at once: had the shard
-			// started more, they would be in flight already.
-			assert.Equal(t, 1+started, tr.Stats().InFlight, "ops in flight: the load and the stores started")
-
-			writes.Release()
-			for i, k := range await(t, tr, 2)[2].Keys {
-				require.Equal(t, StatusStored, k.Status, "store %d: %v", i, k.Err)
-			}
-			assert.Equal(t, 1, reads.Hung(), "the load no longer hangs")
-			reads.Release()
-			require.Equal(t, StatusLoaded, await(t, tr, 1)[1].Keys[0].Status)
-			assert.Equal(t, testPayload(0), buf)
-		})
-	}
 }
