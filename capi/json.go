@@ -18,11 +18,13 @@ type engineInfo struct {
 	Inline   bool   `json:"inline"`    // reads and writes may complete in the owner thread
 	// OwnThreads: each ring's owner keeps a thread of its own
 	OwnThreads bool `json:"own_threads"`
+	// StoresSync: stores through the page cache run as plain syscalls on a pool of goroutines
+	StoresSync bool `json:"stores_sync"`
 }
 
 func newEngineInfo(e tier.EngineInfo) engineInfo {
 	return engineInfo{Kind: e.Kind.String(), Fallback: e.Fallback, Rings: e.Rings, Flags: e.Flags,
-		Direct: e.Direct, NoDirect: e.NoDirect, FS: e.FS, Inline: e.Inline, OwnThreads: e.OwnThreads}
+		Direct: e.Direct, NoDirect: e.NoDirect, FS: e.FS, Inline: e.Inline, OwnThreads: e.OwnThreads, StoresSync: e.StoresSync}
 }
 
 func engineJSON(e tier.EngineInfo) []byte {

@@ -218,8 +218,9 @@ type Options struct {
 	// (they serve page-cache misses and cold lookups). Default 64, at most
 	// 4,096.
 	WorkersMax int
-	// SyncWorkers is the sync engine's goroutine count. Default 16, at
-	// most 4,096.
+	// SyncWorkers is the sync engine's goroutine count, and the io_uring
+	// engine's store pool's (EngineInfo.StoresSync), split between its
+	// rings. Default 16, at most 4,096.
 	SyncWorkers int
 	// BreakerThreshold is how many stuck operations (past their deadline
 	// and not answered) open the circuit breaker. Default 64, at most

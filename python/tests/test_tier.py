@@ -28,9 +28,13 @@ class Base(TempDirTest):
     def open(self, **kw) -> uringtier.Tier:
         kw.setdefault("namespace", f"ns-{self.engine}")
         kw.setdefault("engine", self.engine)
+        local = "path" not in kw
         tier = uringtier.Tier(kw.pop("path", self.dir), kw.pop("block_size", BLOCK), **kw)
         self.addCleanup(tier.close)
         self.assertEqual(tier.engine.kind, self.engine)
+        if local:
+            # A temporary directory is on a local filesystem.
+            self.assertEqual(tier.engine.stores_sync, self.engine == "uring")
         return tier
 
     def populate(self, tier: uringtier.Tier, n: int, salt: str = "") -> None:

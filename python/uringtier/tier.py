@@ -109,6 +109,7 @@ class EngineInfo:
     no_direct: str  #: why not, when direct is False
     fs: str  #: the filesystem under the namespace directory
     inline: bool  #: reads and writes may complete in the owner thread
+    stores_sync: bool  #: stores through the page cache run as plain syscalls on a pool of goroutines
 
 
 def _seconds(name: str, value: float) -> str:
