@@ -20,11 +20,13 @@ type engineInfo struct {
 	OwnThreads bool `json:"own_threads"`
 	// StoresSync: stores through the page cache run as plain syscalls on a pool of goroutines
 	StoresSync bool `json:"stores_sync"`
+	// LoadsSync: loads run on that pool too (tmpfs)
+	LoadsSync bool `json:"loads_sync"`
 }
 
 func newEngineInfo(e tier.EngineInfo) engineInfo {
 	return engineInfo{Kind: e.Kind.String(), Fallback: e.Fallback, Rings: e.Rings, Flags: e.Flags,
-		Direct: e.Direct, NoDirect: e.NoDirect, FS: e.FS, Inline: e.Inline, OwnThreads: e.OwnThreads, StoresSync: e.StoresSync}
+		Direct: e.Direct, NoDirect: e.NoDirect, FS: e.FS, Inline: e.Inline, OwnThreads: e.OwnThreads, StoresSync: e.StoresSync, LoadsSync: e.LoadsSync}
 }
 
 func engineJSON(e tier.EngineInfo) []byte {

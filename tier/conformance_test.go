@@ -70,6 +70,7 @@ func openTier(t testing.TB, kind EngineKind, dir string, mod func(*Options)) *Ti
 		// t.TempDir is on ext4 or tmpfs on every machine we test on.
 		require.True(t, tr.Engine().Inline, "filesystem %s", tr.Engine().FS)
 		require.Equal(t, !opts.StoresOnRing, tr.Engine().StoresSync, "stores on the store pool")
+		require.Equal(t, testLoadsSync || tr.Engine().FS == "tmpfs", tr.Engine().LoadsSync, "loads on the store pool")
 	}
 	t.Cleanup(func() {
 		tr.Close(context.Background())

@@ -108,7 +108,7 @@ type uringBackend struct {
 	sumAside  int               // the payload from which a load is judged aside; 0: never
 	aside     []uint8           // by op: asideJudging, asideCanceled (judgeAside), asidePool
 	stores    *syncPool         // runs stores with plain system calls (EngineInfo.StoresSync); nil: stores go to the ring
-	pooled    int               // of the shard's ops in use: those on the store pool
+	nPooled   int               // of the shard's ops in use: those on the store pool
 	asideMu   sync.Mutex
 	verdicts  []verdict // Judges run aside, for the owner to take; under asideMu
 	spareV    []verdict
@@ -220,7 +220,7 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 			b.close()
 		}
 	}()
-	if t.engine.StoresSync {
+	if t.engine.StoresSync || t.engine.LoadsSync {
 		rings := t.opts.Rings
 		b.stores = newSyncPool(t, s, (t.opts.SyncWorkers+rings-1)/rings, b.wake)
 	}
@@ -399,9 +399,9 @@ func (b *uringBackend) start(i int32, o *op, done []int32) []int32 {
 	if b.broken != nil {
 		o.status, o.err = StatusFailed, b.broken
 		b.doneQ = append(b.doneQ, i)
-	} else if b.stores != nil && o.kind == OpStore && !(b.direct && aligned(o.buf)) {
+	} else if b.pooled(o) {
 		b.aside[i] = asidePool
-		b.pooled++
+		b.nPooled++
 		b.stores.work <- i
 	} else if err := p.Start(cfg, programOp[o.kind], o.keyBytes(), o.buf, b.hdr(i), b.direct && aligned(o.buf)); err != nil {
 		o.status, o.err = StatusFailed, err
@@ -572,7 +572,7 @@ func (b *uringBackend) wakeCalls() bool { return b.evfd == nil || b.onEventfd.Lo
 
 // sleepsOnKernel: idle sleeps on the eventfd only with an op in use that
 // is not on the store pool.
-func (b *uringBackend) sleepsOnKernel() bool { return b.evfd == nil || b.s.inUse > b.pooled }
+func (b *uringBackend) sleepsOnKernel() bool { return b.evfd == nil || b.s.inUse > b.nPooled }
 
 // eventfdOne is what wake adds to the eventfd's counter; shared and never
 // written, so that a wake allocates nothing.
@@ -840,7 +840,21 @@ func (b *uringBackend) wait(d time.Duration, done []int32) []int32 {
 	return done
 }
 
-// takeStored takes the stores that the store pool has finished.
+// pooled reports whether op o runs on the store pool: a store through the
+// page cache (EngineInfo.StoresSync), or a load (EngineInfo.LoadsSync).
+func (b *uringBackend) pooled(o *op) bool {
+	switch {
+	case b.stores == nil:
+		return false
+	case o.kind == OpStore:
+		return b.t.engine.StoresSync && !(b.direct && aligned(o.buf))
+	case o.kind == OpLoad:
+		return b.t.engine.LoadsSync
+	}
+	return false
+}
+
+// takeStored takes the ops that the store pool has finished.
 func (b *uringBackend) takeStored() {
 	if b.stores == nil {
 		return
@@ -850,7 +864,7 @@ func (b *uringBackend) takeStored() {
 	for _, i := range b.doneQ[n:] {
 		b.aside[i] = 0
 	}
-	b.pooled -= len(b.doneQ) - n
+	b.nPooled -= len(b.doneQ) - n
 }
 
 // probeLinger is how long an owner with nothing in flight waits before it
@@ -895,7 +909,7 @@ func (b *uringBackend) emptyProbed() {
 // 0.9–1.5 µs, and a round trip of 8 lookups from 28–33 to 17–18 µs).
 func (b *uringBackend) idle(d time.Duration) (woken bool) {
 	d = max(d, time.Microsecond)
-	if b.s.inUse == b.pooled || b.evfd == nil {
+	if b.s.inUse == b.nPooled || b.evfd == nil {
 		b.timer.Reset(d)
 		select {
 		case <-b.wakeC:

@@ -99,6 +99,8 @@ var notInConformanceSuite = map[string]string{
 	"TestStoresSync":                  "it counts the io_uring engine's SQEs for stores on and off its rings",
 	"TestStoresOnRing":                "it runs tests of the suite with the io_uring engine's stores on its rings",
 	"TestStuckPooledStore":            "it holds a store on the io_uring engine's store pool",
+	"TestLoadsSyncOnTmpfs":            "it counts the io_uring engine's SQEs for loads on a tmpfs",
+	"TestLoadsOnPool":                 "it runs tests of the suite with the io_uring engine's loads on its pool",
 }
 
 // TestConformanceWithoutIOURing runs the conformance suite in a child process of this test binary

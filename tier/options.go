@@ -239,7 +239,8 @@ type Options struct {
 	// more CPU than the calls themselves (README, "Figures from one
 	// machine"). O_DIRECT stores, which wait for the device, and stores on
 	// FUSE, NFS and unknown filesystems stay on the rings, where no thread
-	// blocks per file.
+	// blocks per file. (On tmpfs loads run on that pool too, whatever
+	// this says: EngineInfo.LoadsSync.)
 	StoresOnRing bool
 	// NoDirect turns O_DIRECT off for loads and stores even where it
 	// works. With it on (the default, where the filesystem takes O_DIRECT

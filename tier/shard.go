@@ -288,7 +288,7 @@ func (s *shard) loop() {
 			s.abandonAll()
 			break
 		}
-		if loads && s.ring && s.aside == 0 {
+		if loads && s.ring && s.aside == 0 && !s.t.engine.LoadsSync {
 			// The caller whose Load woke this owner (one that found none of its
 			// ops in the kernel: enqueue) is likely on this CPU,
 			// preempted by the thread it woke (README): let it finish its
@@ -299,7 +299,8 @@ func (s *shard) loop() {
 			// keys/s 18-23 k against 19-31 k (two rounds without reached
 			// 30 k, none with). Not while loads are judged aside: the
 			// thread woken to run a checksum is then as likely on this
-			// CPU, and a yield to it waits out the checksum.
+			// CPU, and a yield to it waits out the checksum. Nor loads on
+			// the store pool (EngineInfo.LoadsSync), which run on no owner.
 			unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 		}
 		s.startKeys(now)

@@ -2,6 +2,8 @@ package tier
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -9,6 +11,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/uringtier/uringtier/blockstore"
 )
 
 // TestStoresSync: on a local filesystem the io_uring engine runs stores
@@ -142,4 +147,67 @@ func TestStuckPooledStore(t *testing.T) {
 	close(release)
 	require.Eventually(t, func() bool { return tr.Stats().Stuck == 0 }, 10*time.Second, time.Millisecond,
 		"the owner did not finish the store its worker let go of")
+}
+
+// TestLoadsSyncOnTmpfs: on a tmpfs, whose files do not take IOCB_NOWAIT,
+// the io_uring engine runs loads on its pool (EngineInfo.LoadsSync): they
+// hand the ring no SQE and load what was stored, and a corrupt block is
+// found; lookups stay on the ring.
+func TestLoadsSyncOnTmpfs(t *testing.T) {
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64m"); err != nil {
+		t.Skipf("cannot mount a tmpfs (needs root): %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, 0) })
+	var sqes atomic.Int64
+	ringFault = func(n uint32) error {
+		sqes.Add(int64(n))
+		return nil
+	}
+	t.Cleanup(func() { ringFault = nil })
+	tr := openTier(t, EngineURing, dir, nil)
+	require.Equal(t, "tmpfs", tr.Engine().FS)
+	assert.True(t, tr.Engine().LoadsSync)
+	put(t, tr, 0, 1, 2)
+	p := filepath.Join(tr.nsDir, string(tr.BlockStore().Layout().AppendPath(nil, testKey(2))))
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt([]byte{0xff, 0xee}, blockstore.HeaderSize+100)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	sqes.Store(0)
+	bufs := [][]byte{make([]byte, testBlockSize), make([]byte, testBlockSize), make([]byte, testBlockSize)}
+	require.NoError(t, tr.Load(1, testKeys(0, 1, 2), bufs))
+	res := await(t, tr, 1)[1]
+	assert.Zero(t, sqes.Load(), "loads on the pool handed the ring SQEs")
+	for i := range 2 {
+		require.Equal(t, StatusLoaded, res.Keys[i].Status, "load %d: %v", i, res.Keys[i].Err)
+		assert.Equal(t, testPayload(i), bufs[i], "block %d", i)
+	}
+	assert.Equal(t, StatusCorrupt, res.Keys[2].Status, "%v", res.Keys[2].Err)
+
+	require.NoError(t, tr.Lookup(2, testKeys(0, 1, 3)))
+	assert.Equal(t, []Status{StatusFound, StatusFound, StatusMissing}, statuses(await(t, tr, 2)[2]))
+	assert.Positive(t, sqes.Load(), "lookups handed the ring no SQE")
+}
+
+// TestLoadsOnPool runs the load tests of the suite with the io_uring
+// engine's loads on its pool (EngineInfo.LoadsSync), as on tmpfs; openTier
+// checks that they are.
+func TestLoadsOnPool(t *testing.T) {
+	testLoadsSync = true
+	t.Cleanup(func() { testLoadsSync = false })
+	for _, c := range []struct {
+		name string
+		f    func(*testing.T)
+	}{
+		{"TestLoad", TestLoad}, {"TestLoadCorrupt", TestLoadCorrupt}, {"TestBlocksSpanManyChunks", TestBlocksSpanManyChunks},
+		{"TestNotRegularAtBlockPath", TestNotRegularAtBlockPath}, {"TestBurstLoadBiggerThanSQ", TestBurstLoadBiggerThanSQ},
+		{"TestDirectBypassesPageCache", TestDirectBypassesPageCache}, {"TestQuarantineLogged", TestQuarantineLogged},
+		{"TestVLLMRawCorrupt", TestVLLMRawCorrupt}, {"TestCloseWithWorkInFlight", TestCloseWithWorkInFlight},
+		{"TestLazyWakeTakenIn", TestLazyWakeTakenIn}, {"TestModel", TestModel},
+	} {
+		t.Run(c.name, c.f)
+	}
 }

@@ -94,7 +94,15 @@ type EngineInfo struct {
 	// on a pool of goroutines (SyncWorkers in all), as the sync engine
 	// does: on a local filesystem (Inline), unless Options.StoresOnRing.
 	StoresSync bool
+	// LoadsSync says whether the io_uring engine runs loads on that pool
+	// too: on tmpfs, whose files do not take IOCB_NOWAIT, so that every
+	// read the ring made would go to a kernel worker.
+	LoadsSync bool
 }
+
+// testLoadsSync, when set (by tests), makes every io_uring tier run its
+// loads on the pool (EngineInfo.LoadsSync).
+var testLoadsSync bool
 
 // request is one submitted batch. Fields are written by the submitting
 // caller before the request is handed to the owners, then by the owners
@@ -331,6 +339,7 @@ func chooseEngine(dir string, opts Options) (EngineInfo, error) {
 		e.Rings = opts.Rings
 		e.OwnThreads = !e.Inline || opts.Lookup != LookupOpenPath
 		e.StoresSync = e.Inline && !opts.StoresOnRing
+		e.LoadsSync = e.FS == "tmpfs" || testLoadsSync
 	}
 	return e, nil
 }
@@ -392,7 +401,7 @@ func (t *Tier) logEngine() {
 	}
 	attrs := []any{"engine", e.Kind.String(), "why", why, "fs", e.FS}
 	if e.Kind == EngineURing {
-		attrs = append(attrs, "rings", e.Rings, "flags", e.Flags, "inline", e.Inline, "own_threads", e.OwnThreads, "stores_sync", e.StoresSync)
+		attrs = append(attrs, "rings", e.Rings, "flags", e.Flags, "inline", e.Inline, "own_threads", e.OwnThreads, "stores_sync", e.StoresSync, "loads_sync", e.LoadsSync)
 	} else {
 		attrs = append(attrs, "workers", t.opts.SyncWorkers)
 	}

@@ -225,7 +225,10 @@ func engineLine(e tier.EngineInfo) string {
 			rings = "ring"
 		}
 		fmt.Fprintf(&b, "io_uring, %d %s, setup flags %s; ", e.Rings, rings, e.Flags)
-		if e.StoresSync {
+		switch {
+		case e.LoadsSync && e.StoresSync:
+			b.WriteString("loads, and stores through the page cache, as plain syscalls on a pool of goroutines (tmpfs); ")
+		case e.StoresSync:
 			b.WriteString("stores through the page cache as plain syscalls on a pool of goroutines (a local filesystem); ")
 		}
 	} else {

@@ -110,6 +110,7 @@ class EngineInfo:
     fs: str  #: the filesystem under the namespace directory
     inline: bool  #: reads and writes may complete in the owner thread
     stores_sync: bool  #: stores through the page cache run as plain syscalls on a pool of goroutines
+    loads_sync: bool  #: loads run on that pool too (tmpfs)
 
 
 def _seconds(name: str, value: float) -> str:
