@@ -68,7 +68,9 @@ func (b *syncBackend) close() {
 
 // syncPool is a fixed pool of goroutines that run ops' programs to their
 // outcome with plain system calls: the sync engine's, and the io_uring
-// engine's for stores on a local filesystem (EngineInfo.StoresSync).
+// engine's store pool, for stores through the page cache on a local
+// filesystem (EngineInfo.StoresSync) and for loads on tmpfs
+// (EngineInfo.LoadsSync).
 type syncPool struct {
 	t      *Tier
 	ops    []op       // the shard's ops; a worker owns ops[i] between work and done

@@ -42,7 +42,9 @@ import (
 // passes them to its store pool (a syncPool, EngineInfo.StoresSync), whose
 // goroutines make the calls and wake it when they finish. O_DIRECT stores,
 // which wait for the device, stay on the ring, where no thread blocks for
-// one.
+// one. On tmpfs, whose files do not take IOCB_NOWAIT, every read would go
+// to a kernel worker too: loads go to the pool there
+// (EngineInfo.LoadsSync).
 //
 // The owner executes blockstore's programs: each step of a
 // phase becomes one SQE, linked as the step says (LinkOnSuccess is
@@ -107,7 +109,7 @@ type uringBackend struct {
 	quiet     bool              // the ring signals its eventfd only while the owner sleeps on it (idle)
 	sumAside  int               // the payload from which a load is judged aside; 0: never
 	aside     []uint8           // by op: asideJudging, asideCanceled (judgeAside), asidePool
-	stores    *syncPool         // runs stores with plain system calls (EngineInfo.StoresSync); nil: stores go to the ring
+	stores    *syncPool         // the store pool: runs the ops pooled says with plain system calls; nil: all go to the ring
 	nPooled   int               // of the shard's ops in use: those on the store pool
 	asideMu   sync.Mutex
 	verdicts  []verdict // Judges run aside, for the owner to take; under asideMu
@@ -122,7 +124,7 @@ type verdict struct {
 
 // An op's Judge runs aside (asideJudging): nothing but that goroutine
 // touches its program. A cancel meanwhile is kept (asideCanceled) for
-// the owner to apply once the verdict is in. A store on the store pool
+// the owner to apply once the verdict is in. An op on the store pool
 // (asidePool) has nothing in the ring either; a cancel cannot reach its
 // system calls, as on the sync engine.
 const (
