@@ -43,7 +43,7 @@ import (
 // goroutines make the calls and wake it when they finish. O_DIRECT stores,
 // which wait for the device, stay on the ring, where no thread blocks for
 // one. On tmpfs, whose files do not take IOCB_NOWAIT, every read would go
-// to a kernel worker too: loads go to the pool there
+// to a kernel worker too: loads and every store go to the pool there
 // (EngineInfo.LoadsSync).
 //
 // The owner executes blockstore's programs: each step of a
@@ -843,13 +843,14 @@ func (b *uringBackend) wait(d time.Duration, done []int32) []int32 {
 }
 
 // pooled reports whether op o runs on the store pool: a store through the
-// page cache (EngineInfo.StoresSync), or a load (EngineInfo.LoadsSync).
+// page cache (EngineInfo.StoresSync), or on tmpfs, where O_DIRECT waits
+// for no device, any store; or a load (EngineInfo.LoadsSync).
 func (b *uringBackend) pooled(o *op) bool {
 	switch {
 	case b.stores == nil:
 		return false
 	case o.kind == OpStore:
-		return b.t.engine.StoresSync && !(b.direct && aligned(o.buf))
+		return b.t.engine.StoresSync && (b.t.engine.LoadsSync || !(b.direct && aligned(o.buf)))
 	case o.kind == OpLoad:
 		return b.t.engine.LoadsSync
 	}

@@ -237,10 +237,11 @@ type Options struct {
 	// O_CREAT open, its rename and any mkdir always go from the ring to a
 	// kernel worker, a hand-off and a few context switches each, which cost
 	// more CPU than the calls themselves (README, "Figures from one
-	// machine"). O_DIRECT stores, which wait for the device, and stores on
-	// FUSE, NFS and unknown filesystems stay on the rings, where no thread
-	// blocks per file. (On tmpfs loads run on that pool too, whatever
-	// this says: EngineInfo.LoadsSync.)
+	// machine"). O_DIRECT stores, which wait for the device (but not on
+	// tmpfs, which has none), and stores on FUSE, NFS and unknown
+	// filesystems stay on the rings, where no thread blocks per file. (On
+	// tmpfs loads run on that pool too, whatever this says:
+	// EngineInfo.LoadsSync.)
 	StoresOnRing bool
 	// NoDirect turns O_DIRECT off for loads and stores even where it
 	// works. With it on (the default, where the filesystem takes O_DIRECT

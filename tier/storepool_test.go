@@ -150,8 +150,9 @@ func TestStuckPooledStore(t *testing.T) {
 }
 
 // TestLoadsSyncOnTmpfs: on a tmpfs, whose files do not take IOCB_NOWAIT,
-// the io_uring engine runs loads on its pool (EngineInfo.LoadsSync): they
-// hand the ring no SQE and load what was stored, and a corrupt block is
+// the io_uring engine runs loads on its pool (EngineInfo.LoadsSync), and
+// every store, O_DIRECT ones of aligned buffers too: they hand the ring no
+// SQE, stores store and loads load what was stored, and a corrupt block is
 // found; lookups stay on the ring.
 func TestLoadsSyncOnTmpfs(t *testing.T) {
 	dir := t.TempDir()
@@ -165,10 +166,19 @@ func TestLoadsSyncOnTmpfs(t *testing.T) {
 		return nil
 	}
 	t.Cleanup(func() { ringFault = nil })
-	tr := openTier(t, EngineURing, dir, nil)
+	tr := openTier(t, EngineURing, dir, func(o *Options) { o.Buffers = 2 })
 	require.Equal(t, "tmpfs", tr.Engine().FS)
 	assert.True(t, tr.Engine().LoadsSync)
-	put(t, tr, 0, 1, 2)
+	sqes.Store(0)
+	aligned := tr.Buffers()
+	copy(aligned[0], testPayload(0))
+	copy(aligned[1], testPayload(1))
+	require.NoError(t, tr.Store(9, testKeys(0, 1), aligned))
+	for i, k := range await(t, tr, 9)[9].Keys {
+		require.Equal(t, StatusStored, k.Status, "store %d: %v", i, k.Err)
+	}
+	assert.Zero(t, sqes.Load(), "stores on the pool handed the ring SQEs (O_DIRECT: %v)", tr.Engine().Direct)
+	put(t, tr, 2)
 	p := filepath.Join(tr.nsDir, string(tr.BlockStore().Layout().AppendPath(nil, testKey(2))))
 	f, err := os.OpenFile(p, os.O_WRONLY, 0)
 	require.NoError(t, err)

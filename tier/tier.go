@@ -90,7 +90,8 @@ type EngineInfo struct {
 	// wake.
 	OwnThreads bool
 	// StoresSync says whether the io_uring engine runs stores through the
-	// page cache (all of them where Direct is false) as plain system calls
+	// page cache (all of them where Direct is false, and on tmpfs, where
+	// O_DIRECT waits for no device, every store) as plain system calls
 	// on a pool of goroutines (SyncWorkers in all), as the sync engine
 	// does: on a local filesystem (Inline), unless Options.StoresOnRing.
 	StoresSync bool
