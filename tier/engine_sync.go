@@ -136,14 +136,15 @@ func (p *syncPool) worker() {
 }
 
 // poolRun, when set (by tests), is called by a worker before it runs an
-// op's program.
-var poolRun func(o *op)
+// op's program, with whether the pool is an io_uring engine's (the one
+// whose workers notify an owner).
+var poolRun func(o *op, uring bool)
 
 // run executes o's program: one namespace directory for all its phases,
 // unless a store finds it gone.
 func (p *syncPool) run(prog *blockstore.Program, o *op, hdr []byte) (Status, error) {
 	if poolRun != nil {
-		poolRun(o)
+		poolRun(o, p.notify != nil)
 	}
 	if err := prog.Start(&p.cfg, programOp[o.kind], o.keyBytes(), o.buf, hdr, p.t.engine.Direct && aligned(o.buf)); err != nil {
 		return StatusFailed, err

@@ -16,10 +16,7 @@ import (
 
 // conformanceSuite is every test of this package that a child without io_uring runs. Go cannot list
 // a package's tests at run time, so TestConformanceSuiteComplete checks this list against the source.
-var conformanceSuite = []struct {
-	name string
-	f    func(*testing.T)
-}{
+var conformanceSuite = []suiteTest{
 	{"TestLookupHitMissPrefix", TestLookupHitMissPrefix},
 	{"TestLookupPrefixSkips", TestLookupPrefixSkips},
 	{"TestLookupColdDentries", TestLookupColdDentries},
@@ -65,6 +62,12 @@ var conformanceSuite = []struct {
 	{"TestVLLMRawStore", TestVLLMRawStore},
 	{"TestVLLMScriptDirectory", TestVLLMScriptDirectory},
 	{"TestVLLMOptions", TestVLLMOptions},
+}
+
+// suiteTest is a test of this package by name, for the tests that run others.
+type suiteTest struct {
+	name string
+	f    func(*testing.T)
 }
 
 // notInConformanceSuite is every other test of this package, with the reason it stays out.

@@ -75,14 +75,12 @@ func TestStoresSync(t *testing.T) {
 // TestStoresOnRing runs the tests that store through the io_uring engine
 // with its stores on the rings (Options.StoresOnRing), as on FUSE and NFS,
 // rather than on the store pool that runs them on a local filesystem by
-// default; openTier checks that the option took.
+// default: none reaches that pool.
 func TestStoresOnRing(t *testing.T) {
 	testStoresOnRing = true
 	t.Cleanup(func() { testStoresOnRing = false })
-	for _, c := range []struct {
-		name string
-		f    func(*testing.T)
-	}{
+	pooled := countPooled(t, OpStore)
+	for _, c := range []suiteTest{
 		{"TestStore", TestStore}, {"TestStoreDirectoryVanished", TestStoreDirectoryVanished},
 		{"TestStoreFromBuffers", TestStoreFromBuffers}, {"TestBurstStoresIntoNewDirectories", TestBurstStoresIntoNewDirectories},
 		{"TestBlocksSpanManyChunks", TestBlocksSpanManyChunks}, {"TestStoreAfterNamespaceRemoved", TestStoreAfterNamespaceRemoved},
@@ -95,7 +93,21 @@ func TestStoresOnRing(t *testing.T) {
 		{"TestCancel", TestCancel},
 	} {
 		t.Run(c.name, c.f)
+		assert.Zero(t, pooled.Load(), "%s: stores reached the io_uring engine's pool", c.name)
 	}
+}
+
+// countPooled counts, for the rest of the test, the ops of kind that run
+// on an io_uring engine's pool.
+func countPooled(t *testing.T, kind Op) *atomic.Int64 {
+	var n atomic.Int64
+	poolRun = func(o *op, uring bool) {
+		if uring && o.kind == kind {
+			n.Add(1)
+		}
+	}
+	t.Cleanup(func() { poolRun = nil })
+	return &n
 }
 
 // TestStuckPooledStore: a store that hangs on the store pool (its worker
@@ -106,7 +118,7 @@ func TestStoresOnRing(t *testing.T) {
 func TestStuckPooledStore(t *testing.T) {
 	release, held := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	poolRun = func(o *op) {
+	poolRun = func(o *op, uring bool) {
 		once.Do(func() {
 			close(held)
 			<-release
@@ -203,21 +215,20 @@ func TestLoadsSyncOnTmpfs(t *testing.T) {
 }
 
 // TestLoadsOnPool runs the load tests of the suite with the io_uring
-// engine's loads on its pool (EngineInfo.LoadsSync), as on tmpfs; openTier
-// checks that they are.
+// engine's loads on its pool (EngineInfo.LoadsSync), as on tmpfs: each
+// test's loads reach that pool.
 func TestLoadsOnPool(t *testing.T) {
 	testLoadsSync = true
 	t.Cleanup(func() { testLoadsSync = false })
-	for _, c := range []struct {
-		name string
-		f    func(*testing.T)
-	}{
+	pooled := countPooled(t, OpLoad)
+	for _, c := range []suiteTest{
 		{"TestLoad", TestLoad}, {"TestLoadCorrupt", TestLoadCorrupt}, {"TestBlocksSpanManyChunks", TestBlocksSpanManyChunks},
 		{"TestNotRegularAtBlockPath", TestNotRegularAtBlockPath}, {"TestBurstLoadBiggerThanSQ", TestBurstLoadBiggerThanSQ},
 		{"TestDirectBypassesPageCache", TestDirectBypassesPageCache}, {"TestQuarantineLogged", TestQuarantineLogged},
-		{"TestVLLMRawCorrupt", TestVLLMRawCorrupt}, {"TestCloseWithWorkInFlight", TestCloseWithWorkInFlight},
-		{"TestLazyWakeTakenIn", TestLazyWakeTakenIn}, {"TestModel", TestModel},
+		{"TestVLLMRawCorrupt", TestVLLMRawCorrupt}, {"TestLazyWakeTakenIn", TestLazyWakeTakenIn}, {"TestModel", TestModel},
 	} {
+		before := pooled.Load()
 		t.Run(c.name, c.f)
+		assert.Greater(t, pooled.Load(), before, "%s: no load reached the io_uring engine's pool", c.name)
 	}
 }
