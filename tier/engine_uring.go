@@ -109,7 +109,7 @@ type uringBackend struct {
 	quiet     bool              // the ring signals its eventfd only while the owner sleeps on it (idle)
 	sumAside  int               // the payload from which a load is judged aside; 0: never
 	aside     []uint8           // by op: asideJudging, asideCanceled (judgeAside), asidePool
-	stores    *syncPool         // the store pool: runs the ops pooled says with plain system calls; nil: all go to the ring
+	pool      *syncPool         // the store pool (stores through the page cache; on tmpfs loads too): runs the ops pooled says with plain system calls; nil: all go to the ring
 	nPooled   int               // of the shard's ops in use: those on the store pool
 	asideMu   sync.Mutex
 	verdicts  []verdict // Judges run aside, for the owner to take; under asideMu
@@ -224,7 +224,7 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	}()
 	if t.engine.StoresSync || t.engine.LoadsSync {
 		rings := t.opts.Rings
-		b.stores = newSyncPool(t, s, (t.opts.SyncWorkers+rings-1)/rings, b.wake)
+		b.pool = newSyncPool(t, s, (t.opts.SyncWorkers+rings-1)/rings, b.wake)
 	}
 	cq := 8 * entries
 	if ringSize > 0 {
@@ -404,7 +404,7 @@ func (b *uringBackend) start(i int32, o *op, done []int32) []int32 {
 	} else if b.pooled(o) {
 		b.aside[i] = asidePool
 		b.nPooled++
-		b.stores.work <- i
+		b.pool.work <- i
 	} else if err := p.Start(cfg, programOp[o.kind], o.keyBytes(), o.buf, b.hdr(i), b.direct && aligned(o.buf)); err != nil {
 		o.status, o.err = StatusFailed, err
 		b.doneQ = append(b.doneQ, i)
@@ -799,7 +799,7 @@ func (b *uringBackend) judged(i int32, decided bool) {
 // round trip of 8 keys took 98-146 µs and 84-106 µs (first design: 69-112).
 // SQEs that the reaped completions queue go with the next wait.
 func (b *uringBackend) wait(d time.Duration, done []int32) []int32 {
-	b.takeStored()
+	b.takePooled()
 	switch {
 	case b.broken != nil:
 		if len(b.doneQ) == 0 {
@@ -833,7 +833,7 @@ func (b *uringBackend) wait(d time.Duration, done []int32) []int32 {
 		b.reap()
 	}
 	b.takeVerdicts()
-	b.takeStored()
+	b.takePooled()
 	if b.broken == nil {
 		b.prepareNext()
 	}
@@ -842,28 +842,30 @@ func (b *uringBackend) wait(d time.Duration, done []int32) []int32 {
 	return done
 }
 
-// pooled reports whether op o runs on the store pool: a store through the
-// page cache (EngineInfo.StoresSync), or on tmpfs, where O_DIRECT waits
-// for no device, any store; or a load (EngineInfo.LoadsSync).
+// pooled reports whether op o runs on the store pool. On tmpfs, which has
+// no device to wait for (EngineInfo.LoadsSync), every load does, and
+// every store, O_DIRECT ones too; elsewhere stores through the page cache
+// do. Stores only with EngineInfo.StoresSync (not Options.StoresOnRing).
 func (b *uringBackend) pooled(o *op) bool {
+	noDevice := b.t.engine.LoadsSync
 	switch {
-	case b.stores == nil:
+	case b.pool == nil:
 		return false
-	case o.kind == OpStore:
-		return b.t.engine.StoresSync && (b.t.engine.LoadsSync || !(b.direct && aligned(o.buf)))
 	case o.kind == OpLoad:
-		return b.t.engine.LoadsSync
+		return noDevice
+	case o.kind == OpStore:
+		return b.t.engine.StoresSync && (noDevice || !(b.direct && aligned(o.buf)))
 	}
 	return false
 }
 
-// takeStored takes the ops that the store pool has finished.
-func (b *uringBackend) takeStored() {
-	if b.stores == nil {
+// takePooled takes the ops that the store pool has finished.
+func (b *uringBackend) takePooled() {
+	if b.pool == nil {
 		return
 	}
 	n := len(b.doneQ)
-	b.doneQ = b.stores.finished(b.doneQ)
+	b.doneQ = b.pool.finished(b.doneQ)
 	for _, i := range b.doneQ[n:] {
 		b.aside[i] = 0
 	}
@@ -989,8 +991,8 @@ func (b *uringBackend) prepareNext() {
 // close releases the ring and everything the kernel could reference. The
 // shard calls it only once no op is in flight.
 func (b *uringBackend) close() {
-	if b.stores != nil {
-		b.stores.close()
+	if b.pool != nil {
+		b.pool.close()
 	}
 	if b.broken != nil {
 		// The kernel may still write into the programs and buffers of
