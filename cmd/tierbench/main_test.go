@@ -16,6 +16,7 @@ import (
 
 	"github.com/uringtier/uringtier/blockstore"
 	"github.com/uringtier/uringtier/internal/faultfs"
+	"github.com/uringtier/uringtier/tier"
 	"github.com/uringtier/uringtier/uring"
 )
 
@@ -115,7 +116,7 @@ func TestDefaultRunTiny(t *testing.T) {
 	assert.Regexp(t, `(?m)^sync: plain syscalls`, out)
 	if strings.Contains(out, "uring: ") {
 		assert.Regexp(t, `(?m)^\s*uring\s+lookup\s+8\s+96\s`, out)
-		assert.Regexp(t, `(?m)^uring: io_uring, \d+ rings?, setup flags \S+; (stores through the page cache as plain syscalls on a pool of goroutines \(a local filesystem\)|loads, and stores through the page cache, as plain syscalls on a pool of goroutines \(tmpfs\)); loads and stores (with O_DIRECT|through the page cache \(.+\))$`, out)
+		assert.Regexp(t, `(?m)^uring: io_uring, \d+ rings?, setup flags \S+; (stores through the page cache as plain syscalls on a pool of goroutines \(a local filesystem\)|loads and stores as plain syscalls on a pool of goroutines \(tmpfs\)); loads and stores (with O_DIRECT|through the page cache \(.+\))$`, out)
 	}
 	entries, err := os.ReadDir(tmp)
 	require.NoError(t, err)
@@ -439,4 +440,25 @@ func TestLatency(t *testing.T) {
 	}
 	out := mustRun(t, "lookup", "--dir", dir, "--keys", "8", "--batch", "4", "--latency", "1ms")
 	assert.Contains(t, out, "served through FUSE")
+}
+
+// TestEngineLine: the engine line names what runs on the io_uring
+// engine's pool: page-cache stores on a local filesystem, loads and every
+// store on tmpfs, and loads alone on tmpfs with Options.StoresOnRing.
+func TestEngineLine(t *testing.T) {
+	e := tier.EngineInfo{Kind: tier.EngineURing, Rings: 2, Direct: true}
+	for _, c := range []struct {
+		stores, loads bool
+		want          string
+	}{
+		{false, false, "; loads and stores with O_DIRECT"},
+		{true, false, "; stores through the page cache as plain syscalls on a pool of goroutines (a local filesystem); "},
+		{true, true, "; loads and stores as plain syscalls on a pool of goroutines (tmpfs); "},
+		{false, true, "; loads as plain syscalls on a pool of goroutines (tmpfs); "},
+	} {
+		e.StoresSync, e.LoadsSync = c.stores, c.loads
+		line := engineLine(e)
+		assert.Contains(t, line, c.want, "stores_sync %v, loads_sync %v", c.stores, c.loads)
+		assert.Equal(t, c.stores || c.loads, strings.Contains(line, "pool of goroutines"), "%s", line)
+	}
 }

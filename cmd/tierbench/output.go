@@ -227,7 +227,9 @@ func engineLine(e tier.EngineInfo) string {
 		fmt.Fprintf(&b, "io_uring, %d %s, setup flags %s; ", e.Rings, rings, e.Flags)
 		switch {
 		case e.LoadsSync && e.StoresSync:
-			b.WriteString("loads, and stores through the page cache, as plain syscalls on a pool of goroutines (tmpfs); ")
+			b.WriteString("loads and stores as plain syscalls on a pool of goroutines (tmpfs); ")
+		case e.LoadsSync:
+			b.WriteString("loads as plain syscalls on a pool of goroutines (tmpfs); ")
 		case e.StoresSync:
 			b.WriteString("stores through the page cache as plain syscalls on a pool of goroutines (a local filesystem); ")
 		}
