@@ -121,6 +121,9 @@ func (s *session) runWorkloads(ctx context.Context, names []string) ([]*result, 
 		return nil, err
 	}
 	defer stop()
+	if slices.Contains(names, "store") && !s.child() {
+		s.noteDiscard()
+	}
 	if s.c.jobs > 1 && !s.child() {
 		return s.runJobs(ctx, names)
 	}

@@ -1,0 +1,47 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// mountinfo lines as Linux 6.18 lists them: ext4's discard is a superblock
+// option, shown after the separator; a mount option is shown before it.
+const testMountinfo = `22 1 254:0 / / rw,relatime - ext4 /dev/vda rw,discard,resv_strict
+30 22 0:26 / /dev/shm rw,nosuid,nodev shared:4 - tmpfs tmpfs rw,inode64
+41 22 7:0 / /mnt/nd rw,relatime - ext4 /dev/loop0 rw,nodiscard
+42 22 7:1 / /mnt/fast rw,relatime,discard - xfs /dev/loop1 rw,attr2
+43 22 7:2 / /mnt/odd rw,relatime - ext4 /dev/loop2
+`
+
+func TestDiscardIn(t *testing.T) {
+	for _, c := range []struct {
+		dev, source string
+		discard     bool
+	}{
+		{"254:0", "/dev/vda", true},  // superblock option
+		{"7:0", "/dev/loop0", false}, // nodiscard is not discard
+		{"7:1", "/dev/loop1", true},  // mount option
+		{"0:26", "tmpfs", false},     // optional fields before the separator
+		{"7:2", "/dev/loop2", false}, // no superblock options
+	} {
+		src, on, err := discardIn(strings.NewReader(testMountinfo), c.dev)
+		require.NoError(t, err, c.dev)
+		assert.Equal(t, c.source, src, c.dev)
+		assert.Equal(t, c.discard, on, c.dev)
+	}
+	_, _, err := discardIn(strings.NewReader(testMountinfo), "8:1")
+	assert.ErrorContains(t, err, "device 8:1 not in mountinfo")
+}
+
+// TestDiscardMount finds the filesystem of a real directory.
+func TestDiscardMount(t *testing.T) {
+	src, _, err := discardMount(t.TempDir())
+	require.NoError(t, err)
+	assert.NotEmpty(t, src)
+	_, _, err = discardMount(t.TempDir() + "/missing")
+	assert.Error(t, err)
+}
