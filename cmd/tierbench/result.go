@@ -28,7 +28,7 @@ type result struct {
 	BlockSize   int       `json:"block_size"`
 	Busy        uint64    `json:"busy"`
 	Shared      uint64    `json:"shared"`
-	Direct      bool      `json:"direct"`
+	Direct      bool      `json:"direct"` // the row's payloads moved with O_DIRECT (loads and stores of the tier's buffers)
 	Dir         string    `json:"dir"`
 	Cold        bool      `json:"cold"`
 	SubmitMaxUS float64   `json:"submit_max_us"`

@@ -290,7 +290,8 @@ func (s *session) newWorkload(name string) workload {
 // ran with: the engine, the directory, the caches, the job, the keys.
 func (s *session) label(r *result, info tier.EngineInfo) {
 	r.Engine, r.EngineLine, r.Dir = info.Kind.String(), engineLine(info), s.root
-	r.Direct = info.Direct && workloadOps[r.Workload] == tier.OpLoad
+	op := workloadOps[r.Workload]
+	r.Direct = info.Direct && (op == tier.OpLoad || op == tier.OpStore)
 	r.Cold = s.c.cold && s.cold
 	r.Job, r.Dist = max(s.c.jobIndex, 0), s.dist().String()
 }
