@@ -45,8 +45,8 @@ func discardIn(r io.Reader, dev string) (source string, discard bool, err error)
 		if sep+3 < len(fields) {
 			opts = append(opts, strings.Split(fields[sep+3], ",")...)
 		}
-		if slices.Contains(opts, "discard") {
-			return source, true, sc.Err()
+		if slices.ContainsFunc(opts, func(o string) bool { return o == "discard" || strings.HasPrefix(o, "discard=") }) {
+			return source, true, sc.Err() // btrfs says discard=async
 		}
 	}
 	if err := sc.Err(); err != nil {

@@ -15,6 +15,7 @@ const testMountinfo = `22 1 254:0 / / rw,relatime - ext4 /dev/vda rw,discard,res
 41 22 7:0 / /mnt/nd rw,relatime - ext4 /dev/loop0 rw,nodiscard
 42 22 7:1 / /mnt/fast rw,relatime,discard - xfs /dev/loop1 rw,attr2
 43 22 7:2 / /mnt/odd rw,relatime - ext4 /dev/loop2
+44 22 0:40 / /mnt/b rw,relatime - btrfs /dev/loop3 rw,ssd,discard=async,space_cache=v2
 `
 
 func TestDiscardIn(t *testing.T) {
@@ -27,6 +28,7 @@ func TestDiscardIn(t *testing.T) {
 		{"7:1", "/dev/loop1", true},  // mount option
 		{"0:26", "tmpfs", false},     // optional fields before the separator
 		{"7:2", "/dev/loop2", false}, // no superblock options
+		{"0:40", "/dev/loop3", true}, // btrfs's discard=async
 	} {
 		src, on, err := discardIn(strings.NewReader(testMountinfo), c.dev)
 		require.NoError(t, err, c.dev)
