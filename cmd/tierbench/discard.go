@@ -1,56 +1,43 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
-	"io"
-	"os"
 	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/uringtier/uringtier/internal/mountinfo"
 )
 
 // discardMount reports whether dir's filesystem is mounted with the
 // discard option, and its source (the device): found by dir's device
-// number in /proc/self/mountinfo.
+// number among this process's mounts.
 func discardMount(dir string) (source string, discard bool, err error) {
 	var st unix.Stat_t
 	if err := unix.Stat(dir, &st); err != nil {
 		return "", false, err
 	}
-	f, err := os.Open("/proc/self/mountinfo")
+	ms, err := mountinfo.Read()
 	if err != nil {
 		return "", false, err
 	}
-	defer f.Close()
-	return discardIn(f, fmt.Sprintf("%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev)))
+	return discardOn(ms, fmt.Sprintf("%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev)))
 }
 
-// discardIn looks in a mountinfo listing for the filesystem of device dev
+// discardOn looks among mounts for the filesystem of device dev
 // ("major:minor") and whether its mount or superblock options say discard.
-func discardIn(r io.Reader, dev string) (source string, discard bool, err error) {
-	sc := bufio.NewScanner(r)
+func discardOn(ms []mountinfo.Mount, dev string) (source string, discard bool, err error) {
+	isDiscard := func(o string) bool { return o == "discard" || strings.HasPrefix(o, "discard=") } // btrfs: discard=async
 	found := false
-	for sc.Scan() {
-		// proc(5): id parent major:minor root mountpoint options [optional...] - fstype source superopts
-		fields := strings.Fields(sc.Text())
-		sep := slices.Index(fields, "-")
-		if sep < 6 || sep+2 >= len(fields) || fields[2] != dev {
+	for _, m := range ms {
+		if m.Dev != dev {
 			continue
 		}
-		found = true
-		source = fields[sep+2]
-		opts := strings.Split(fields[5], ",")
-		if sep+3 < len(fields) {
-			opts = append(opts, strings.Split(fields[sep+3], ",")...)
+		found, source = true, m.Source
+		if slices.ContainsFunc(m.Options, isDiscard) || slices.ContainsFunc(m.SuperOptions, isDiscard) {
+			return source, true, nil
 		}
-		if slices.ContainsFunc(opts, func(o string) bool { return o == "discard" || strings.HasPrefix(o, "discard=") }) {
-			return source, true, sc.Err() // btrfs says discard=async
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return "", false, err
 	}
 	if !found {
 		return "", false, fmt.Errorf("device %s not in mountinfo", dev)

@@ -6,6 +6,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/uringtier/uringtier/internal/mountinfo"
 )
 
 // mountinfo lines as Linux 6.18 lists them: ext4's discard is a superblock
@@ -18,7 +20,9 @@ const testMountinfo = `22 1 254:0 / / rw,relatime - ext4 /dev/vda rw,discard,res
 44 22 0:40 / /mnt/b rw,relatime - btrfs /dev/loop3 rw,ssd,discard=async,space_cache=v2
 `
 
-func TestDiscardIn(t *testing.T) {
+func TestDiscardOn(t *testing.T) {
+	ms, err := mountinfo.Parse(strings.NewReader(testMountinfo))
+	require.NoError(t, err)
 	for _, c := range []struct {
 		dev, source string
 		discard     bool
@@ -30,12 +34,12 @@ func TestDiscardIn(t *testing.T) {
 		{"7:2", "/dev/loop2", false}, // no superblock options
 		{"0:40", "/dev/loop3", true}, // btrfs's discard=async
 	} {
-		src, on, err := discardIn(strings.NewReader(testMountinfo), c.dev)
+		src, on, err := discardOn(ms, c.dev)
 		require.NoError(t, err, c.dev)
 		assert.Equal(t, c.source, src, c.dev)
 		assert.Equal(t, c.discard, on, c.dev)
 	}
-	_, _, err := discardIn(strings.NewReader(testMountinfo), "8:1")
+	_, _, err = discardOn(ms, "8:1")
 	assert.ErrorContains(t, err, "device 8:1 not in mountinfo")
 }
 

@@ -1,7 +1,6 @@
 package faultfs
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -20,6 +19,8 @@ import (
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
+
+	"github.com/uringtier/uringtier/internal/mountinfo"
 )
 
 // ErrUnmounted is returned by Inject after Unmount.
@@ -366,30 +367,16 @@ func writeAbort(p string) error {
 // number in /proc/self/mountinfo (anonymous devices have major 0, so minor is the whole dev_t the
 // kernel names the directory after; see fs/fuse/control.c).
 func fuseConnID(mountpoint string) (string, error) {
-	mi, err := os.Open("/proc/self/mountinfo")
+	ms, err := mountinfo.Read()
 	if err != nil {
 		return "", err
 	}
-	defer mi.Close()
 	found := ""
-	sc := bufio.NewScanner(mi)
-	for sc.Scan() {
-		// proc(5): id parent major:minor root mountpoint options [optional...] - fstype source superopts
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 || unescapeMountinfo(fields[4]) != mountpoint {
+	for _, m := range ms {
+		if m.Point != mountpoint || !strings.HasPrefix(m.FSType, "fuse") {
 			continue
 		}
-		sep := -1
-		for i, fl := range fields {
-			if fl == "-" {
-				sep = i
-				break
-			}
-		}
-		if sep < 0 || sep+1 >= len(fields) || !strings.HasPrefix(fields[sep+1], "fuse") {
-			continue
-		}
-		major, minor, ok := strings.Cut(fields[2], ":")
+		major, minor, ok := strings.Cut(m.Dev, ":")
 		if !ok || major != "0" {
 			continue
 		}
@@ -398,32 +385,10 @@ func fuseConnID(mountpoint string) (string, error) {
 		}
 		found = minor // the last one listed is the one on top
 	}
-	if err := sc.Err(); err != nil {
-		return "", err
-	}
 	if found == "" {
 		return "", fmt.Errorf("faultfs: no FUSE mount on %s in /proc/self/mountinfo", mountpoint)
 	}
 	return found, nil
-}
-
-// unescapeMountinfo undoes the octal escapes (\040 for space, etc.) of mountinfo path fields.
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // Mounted reports whether a FUSE filesystem is mounted on mountpoint, per /proc/self/mountinfo.
