@@ -18,7 +18,7 @@ type engineInfo struct {
 	Inline   bool   `json:"inline"`    // reads and writes may complete in the owner thread
 	// OwnThreads: each ring's owner keeps a thread of its own
 	OwnThreads bool `json:"own_threads"`
-	// StoresSync: stores through the page cache run as plain syscalls on a pool of goroutines
+	// StoresSync: stores run as plain syscalls on a pool of goroutines (a local filesystem)
 	StoresSync bool `json:"stores_sync"`
 	// LoadsSync: loads run on that pool too (tmpfs)
 	LoadsSync bool `json:"loads_sync"`

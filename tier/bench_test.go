@@ -244,9 +244,8 @@ var ioModes = []struct {
 
 // ioEngines are the engines of the load and store benchmarks: io_uring
 // with one ring and with a ring per CPU, and the sync engine; with onRing
-// (stores through the page cache) also the io_uring engine with its stores
-// on its rings (Options.StoresOnRing), as it stored before it had a store
-// pool (O_DIRECT stores stay on the rings anyway).
+// (stores) also the io_uring engine with its stores on its rings
+// (Options.StoresOnRing), as it stored before it had a store pool.
 func ioEngines(onRing bool) []ioEngine {
 	es := []ioEngine{
 		{"engine=uring/rings=1", EngineURing, 1, false},
@@ -374,7 +373,7 @@ func openBig(b *testing.B, dir string) ([]byte, []int) {
 func BenchmarkStore(b *testing.B) {
 	for _, sz := range ioSizes {
 		for _, m := range ioModes {
-			for _, e := range ioEngines(m.noDirect) {
+			for _, e := range ioEngines(true) {
 				b.Run("size="+sz.name+"/"+m.name+"/"+e.name, func(b *testing.B) {
 					const depth, perRun = 4, 16
 					tr := benchTier(b, b.TempDir(), e.kind, func(o *Options) {

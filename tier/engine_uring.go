@@ -36,15 +36,14 @@ import (
 // to kernel workers, the owner is locked to its thread and the ring is
 // SINGLE_ISSUER and DEFER_TASKRUN (EngineInfo.OwnThreads): one set of
 // workers per ring, at most WorkersMax, whatever Go does with its threads.
-// On a local filesystem stores through the page cache are not the ring's:
-// io_uring hands their O_CREAT opens, renames and MKDIRs to kernel
-// workers, each hand-off costing more CPU than the call, so the owner
-// passes them to its store pool (a syncPool, EngineInfo.StoresSync), whose
-// goroutines make the calls and wake it when they finish. O_DIRECT stores,
-// which wait for the device, stay on the ring, where no thread blocks for
-// one. On tmpfs, whose files do not take IOCB_NOWAIT, every read would go
-// to a kernel worker too: loads and every store go to the pool there
-// (EngineInfo.LoadsSync).
+// On a local filesystem stores are not the ring's: io_uring hands their
+// O_CREAT opens, renames and MKDIRs to kernel workers, each hand-off
+// costing more CPU than the call, and the workers, which Go's Ps do not
+// bound, take the caller's CPU; so the owner passes stores, O_DIRECT ones
+// too, to its store pool (a syncPool, EngineInfo.StoresSync), whose
+// goroutines make the calls and wake it when they finish. On tmpfs, whose
+// files do not take IOCB_NOWAIT, every read would go to a kernel worker
+// too: loads go to the pool there as well (EngineInfo.LoadsSync).
 //
 // The owner executes blockstore's programs: each step of a
 // phase becomes one SQE, linked as the step says (LinkOnSuccess is
@@ -842,19 +841,17 @@ func (b *uringBackend) wait(d time.Duration, done []int32) []int32 {
 	return done
 }
 
-// pooled reports whether op o runs on the store pool. On tmpfs, which has
-// no device to wait for (EngineInfo.LoadsSync), every load does, and
-// every store, O_DIRECT ones too; elsewhere stores through the page cache
-// do. Stores only with EngineInfo.StoresSync (not Options.StoresOnRing).
+// pooled reports whether op o runs on the store pool: every store with
+// EngineInfo.StoresSync (not Options.StoresOnRing), and on tmpfs every
+// load (EngineInfo.LoadsSync).
 func (b *uringBackend) pooled(o *op) bool {
-	noDevice := b.t.engine.LoadsSync
 	switch {
 	case b.pool == nil:
 		return false
 	case o.kind == OpLoad:
-		return noDevice
+		return b.t.engine.LoadsSync
 	case o.kind == OpStore:
-		return b.t.engine.StoresSync && (noDevice || !(b.direct && aligned(o.buf)))
+		return b.t.engine.StoresSync
 	}
 	return false
 }

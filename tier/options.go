@@ -230,15 +230,15 @@ type Options struct {
 	// Lookup picks the io_uring lookup operation; LookupOpenPath by
 	// default.
 	Lookup LookupOp
-	// StoresOnRing keeps the io_uring engine's stores through the page
-	// cache on its rings on a local filesystem (EngineInfo.Inline) too. By
-	// default they run there as plain system calls on a pool of goroutines
-	// per ring (SyncWorkers in all, EngineInfo.StoresSync): a store's
-	// O_CREAT open, its rename and any mkdir always go from the ring to a
-	// kernel worker, a hand-off and a few context switches each, which cost
-	// more CPU than the calls themselves (README, "Figures from one
-	// machine"). O_DIRECT stores, which wait for the device (but not on
-	// tmpfs, which has none), and stores on FUSE, NFS and unknown
+	// StoresOnRing keeps the io_uring engine's stores on its rings on a
+	// local filesystem (EngineInfo.Inline) too. By default they run there,
+	// O_DIRECT ones too, as plain system calls on a pool of goroutines per
+	// ring (SyncWorkers in all, EngineInfo.StoresSync): a store's O_CREAT
+	// open, its rename and any mkdir always go from the ring to a kernel
+	// worker, a hand-off and a few context switches each, which cost more
+	// CPU than the calls themselves, and the workers, which Go's Ps do not
+	// bound, take the CPU of the caller and of lookups and loads (README,
+	// "Figures from one machine"). Stores on FUSE, NFS and unknown
 	// filesystems stay on the rings, where no thread blocks per file. (On
 	// tmpfs loads run on that pool too, whatever this says:
 	// EngineInfo.LoadsSync.)

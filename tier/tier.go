@@ -89,11 +89,10 @@ type EngineInfo struct {
 	// LookupMixed). Otherwise owners are ordinary goroutines, cheaper to
 	// wake.
 	OwnThreads bool
-	// StoresSync says whether the io_uring engine runs stores through the
-	// page cache (all of them where Direct is false, and on tmpfs, where
-	// O_DIRECT waits for no device, every store) as plain system calls
-	// on a pool of goroutines (SyncWorkers in all), as the sync engine
-	// does: on a local filesystem (Inline), unless Options.StoresOnRing.
+	// StoresSync says whether the io_uring engine runs stores, O_DIRECT
+	// ones too, as plain system calls on a pool of goroutines (SyncWorkers
+	// in all), as the sync engine does: on a local filesystem (Inline),
+	// unless Options.StoresOnRing.
 	StoresSync bool
 	// LoadsSync says whether the io_uring engine runs loads on that pool
 	// too: on tmpfs, whose files do not take IOCB_NOWAIT, so that every

@@ -231,7 +231,7 @@ func engineLine(e tier.EngineInfo) string {
 		case e.LoadsSync:
 			b.WriteString("loads as plain syscalls on a pool of goroutines (tmpfs); ")
 		case e.StoresSync:
-			b.WriteString("stores through the page cache as plain syscalls on a pool of goroutines (a local filesystem); ")
+			b.WriteString("stores as plain syscalls on a pool of goroutines (a local filesystem); ")
 		}
 	} else {
 		b.WriteString("plain syscalls on a pool of goroutines; ")
