@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"testing"
 
@@ -10,8 +11,9 @@ import (
 )
 
 // TestStoreKeepsFree: a store workload on a 64 MiB tmpfs with --keep-free
-// 0.5 stops early, without an error, once half the filesystem is in use;
-// with --keep-free 0 a few seconds of the same stores fill it.
+// 0.5 stops early, without an error, once half the filesystem is in use,
+// and says so under its table and in its JSON row (stopped); with
+// --keep-free 0 a few seconds of the same stores fill it.
 func TestStoreKeepsFree(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to mount a tmpfs")
@@ -31,6 +33,7 @@ func TestStoreKeepsFree(t *testing.T) {
 	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	assert.Contains(t, stderr, "store stopped early")
 	assert.Contains(t, stderr, "under --keep-free 0.5")
+	assert.Regexp(t, `(?m)^sync store stopped early, its row counting [\d,]+ keys: .* free of .* on the filesystem of .*, under --keep-free 0\.5$`, stdout)
 	free := freeShare()
 	t.Logf("free after the stores: %.4f of the filesystem", free)
 	assert.InDelta(t, 0.5, free, 0.01, "stores ran until half the filesystem was used, within a batch or two")
@@ -42,7 +45,16 @@ func TestStoreKeepsFree(t *testing.T) {
 	code, stdout, stderr = tierbench(t, append(store, "--keep-free", "0")...)
 	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	assert.NotContains(t, stderr, "stopped early")
+	assert.NotContains(t, stdout, "stopped early")
 	assert.Less(t, freeShare(), 0.02)
+
+	// Under the reserve from the start: no key stored, and the row says why.
+	code, stdout, stderr = tierbench(t, append(store, "--keep-free", "0.5", "--json")...)
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	var r result
+	require.NoError(t, json.Unmarshal([]byte(jsonLines(t, stdout)[0]), &r))
+	assert.Zero(t, r.Keys)
+	assert.Contains(t, r.Stopped, "under --keep-free 0.5")
 }
 
 // TestDFSpace: a filesystem whose reserve is a third of its blocks (as on

@@ -88,6 +88,9 @@ func (s *session) report(rs []*result) error {
 			if line := evictionLine(r, c.jobs > 1); line != "" {
 				fmt.Fprintln(c.stdout, line)
 			}
+			if line := stoppedLine(r); line != "" {
+				fmt.Fprintln(c.stdout, line)
+			}
 		}
 		seen := map[string]bool{}
 		for _, r := range rs {
@@ -196,6 +199,22 @@ func evictionLine(r *result, jobs bool) string {
 	}
 	return fmt.Sprintf("%s %s%s: evicted %s blocks (%s) to stay within the capacity; %s",
 		r.Engine, r.Workload, phase, humanize.Comma(int64(r.Evicted)), humanize.IBytes(r.EvictedBytes), who)
+}
+
+// stoppedLine says, under the table, why a row's workload stopped early
+// (result.Stopped), or returns "".
+func stoppedLine(r *result) string {
+	if r.Stopped == "" {
+		return ""
+	}
+	who := r.Engine + " " + r.Workload
+	if r.Round > 1 {
+		who += fmt.Sprintf(" round %d", r.Round)
+	}
+	if r.Job >= 0 && r.Jobs > 1 {
+		who += fmt.Sprintf(" job %d", r.Job)
+	}
+	return fmt.Sprintf("%s stopped early, its row counting %s keys: %s", who, humanize.Comma(r.Keys), r.Stopped)
 }
 
 // dur prints microseconds with three significant digits and a unit.

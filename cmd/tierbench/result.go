@@ -78,6 +78,10 @@ type result struct {
 	Evictor      bool   `json:"evictor"`
 	// Round is which of --rounds measured the row, from 1.
 	Round int `json:"round"`
+	// Stopped says why a store workload stopped before its --duration or
+	// --keys: the filesystem's free space under --keep-free. The row
+	// counts the keys stored until then, none if it was under at the start.
+	Stopped string `json:"stopped,omitempty"`
 
 	hist       latency.Counts // batch latencies: submit call to the Poll that returned the result
 	opHist     latency.Counts // the tier's kernel operation latencies during the workload

@@ -199,8 +199,9 @@ func (s *session) runEngine(ctx context.Context, kind tier.EngineKind, names []s
 			bufs = tr.Buffers()
 		}
 		lim := s.limits()
+		var stopped string
 		if name == "store" {
-			lim.room = s.room(name)
+			lim.room = s.room(name, &stopped)
 		}
 		if warm := s.warmup(); warm > 0 {
 			drive(ctx, tr, w, depth, bufs, limits{duration: warm, room: lim.room})
@@ -218,6 +219,7 @@ func (s *session) runEngine(ctx context.Context, kind tier.EngineKind, names []s
 		}
 		r := drive(ctx, tr, w, depth, bufs, lim)
 		s.label(r, info)
+		r.Stopped = stopped
 		ev.note(r, tr)
 		if name == "store" {
 			s.m.Blocks = max(s.m.Blocks, s.storeBase+s.stored)
@@ -240,13 +242,12 @@ func (s *session) runEngine(ctx context.Context, kind tier.EngineKind, names []s
 // room returns limits.room for a writing workload with --keep-free: the
 // bytes free on the filesystem under the data set beyond that share of
 // it (dfSpace). The first time the room falls short of what is needed, it
-// says so on stderr.
-func (s *session) room(name string) func(need int64) int64 {
+// says why in *stopped (the row's Stopped) and on stderr at once.
+func (s *session) room(name string, stopped *string) func(need int64) int64 {
 	keep := s.c.keepFree
 	if keep == 0 {
 		return nil
 	}
-	said := false
 	return func(need int64) int64 {
 		var st unix.Statfs_t
 		if err := unix.Statfs(s.root, &st); err != nil {
@@ -254,10 +255,10 @@ func (s *session) room(name string) func(need int64) int64 {
 		}
 		free, size := dfSpace(&st)
 		left := free - int64(keep*float64(size))
-		if left < need && !said {
-			said = true
-			fmt.Fprintf(s.c.stderr, "tierbench: %s stopped early: %s free of %s on the filesystem of %s, under --keep-free %g\n",
-				name, humanize.IBytes(uint64(free)), humanize.IBytes(uint64(size)), s.root, keep)
+		if left < need && *stopped == "" {
+			*stopped = fmt.Sprintf("%s free of %s on the filesystem of %s, under --keep-free %g",
+				humanize.IBytes(uint64(free)), humanize.IBytes(uint64(size)), s.root, keep)
+			fmt.Fprintf(s.c.stderr, "tierbench: %s stopped early: %s\n", name, *stopped)
 		}
 		return left
 	}
