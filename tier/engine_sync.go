@@ -68,9 +68,8 @@ func (b *syncBackend) close() {
 
 // syncPool is a fixed pool of goroutines that run ops' programs to their
 // outcome with plain system calls: the sync engine's, and the io_uring
-// engine's store pool, for stores through the page cache on a local
-// filesystem (EngineInfo.StoresSync) and for loads on tmpfs
-// (EngineInfo.LoadsSync).
+// engine's store pool, for stores on a local filesystem
+// (EngineInfo.StoresSync) and for loads on tmpfs (EngineInfo.LoadsSync).
 type syncPool struct {
 	t      *Tier
 	ops    []op       // the shard's ops; a worker owns ops[i] between work and done
