@@ -650,7 +650,7 @@ func TestCancel(t *testing.T) {
 func TestCloseWithWorkInFlight(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, kind EngineKind) {
 		dir := t.TempDir()
-		tr, err := Open(dir, Options{BlockSize: testBlockSize, Engine: kind, OpsMax: 4})
+		tr, err := Open(dir, Options{BlockSize: testBlockSize, Engine: kind, OpsMax: 4, NoDirect: testNoDirect, StoresOnRing: testStoresOnRing})
 		require.NoError(t, err)
 		put(t, tr, 0)
 		buf := testPayload(1)
