@@ -238,7 +238,7 @@ type Options struct {
 	// worker, a hand-off and a few context switches each, which cost more
 	// CPU than the calls themselves, and the workers, which Go's Ps do not
 	// bound, take the CPU of the caller and of lookups and loads. On the
-	// rings, 64 KiB O_DIRECT stores made 1.04-1.19x the pool's keys a
+	// rings, 64 KiB O_DIRECT stores made 1.04-1.18x the pool's keys a
 	// second, with Store calls 4-7x the sync engine's at p99.9 (the
 	// pool's: 0.87-0.96x) and the p99 of lookups and loads beside them
 	// 1.15-1.43x their own without the stores (the pool's: 0.81-0.95x;
