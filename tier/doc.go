@@ -34,7 +34,10 @@
 // mutex-guarded inbox and wake it (a load, store or delete only when no
 // completion is due to, shard.enqueue), never touching the ring. The sync
 // engine's owner hands key operations to a fixed pool of goroutines doing
-// plain system calls. What an operation does on disk is blockstore's
+// plain system calls; so does an io_uring owner with stores on a local
+// filesystem (EngineInfo.StoresSync: io_uring hands every store's O_CREAT
+// open and rename to kernel workers, which take the caller's CPU), and
+// with loads on tmpfs (EngineInfo.LoadsSync). What an operation does on disk is blockstore's
 // Program, which both engines execute (io_uring: one SQE per step); above
 // the IO they share request bookkeeping, lookup sharing (one kernel
 // operation per key in flight, whatever the number of requests asking), the
