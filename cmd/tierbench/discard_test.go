@@ -1,11 +1,16 @@
 package main
 
 import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/uringtier/uringtier/internal/mountinfo"
 )
@@ -50,4 +55,42 @@ func TestDiscardMount(t *testing.T) {
 	assert.NotEmpty(t, src)
 	_, _, err = discardMount(t.TempDir() + "/missing")
 	assert.Error(t, err)
+}
+
+// TestDiscardNote: a store run whose data set is on an ext4 mounted with
+// discard says so under its table; mounted nodiscard, it does not.
+func TestDiscardNote(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to attach a loop device and mount it")
+	}
+	for _, tool := range []string{"mkfs.ext4", "losetup"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("needs %s: %v", tool, err)
+		}
+	}
+	sh := func(name string, args ...string) string {
+		out, err := exec.Command(name, args...).CombinedOutput()
+		require.NoError(t, err, "%s %v: %s", name, args, out)
+		return strings.TrimSpace(string(out))
+	}
+	img := filepath.Join(t.TempDir(), "ext4.img")
+	require.NoError(t, os.WriteFile(img, nil, 0o600))
+	require.NoError(t, os.Truncate(img, 64<<20))
+	sh("mkfs.ext4", "-q", "-F", img)
+	dev := sh("losetup", "--find", "--show", img)
+	t.Cleanup(func() { exec.Command("losetup", "--detach", dev).Run() })
+	for _, opt := range []string{"discard", "nodiscard"} {
+		t.Run(opt, func(t *testing.T) {
+			dir := t.TempDir()
+			require.NoError(t, unix.Mount(dev, dir, "ext4", 0, opt))
+			t.Cleanup(func() { unix.Unmount(dir, 0) })
+			mustRun(t, append([]string{"populate", "--dir", dir}, tiny[:4]...)...)
+			out := mustRun(t, append([]string{"store", "--dir", dir, "--engine", "sync"}, tinyWorkload...)...)
+			if opt == "discard" {
+				assert.Regexp(t, `(?m)^\S+ is on `+regexp.QuoteMeta(dev)+`, mounted with discard: `, out)
+			} else {
+				assert.NotContains(t, out, "mounted with discard", out)
+			}
+		})
+	}
 }
