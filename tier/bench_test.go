@@ -447,6 +447,7 @@ func BenchmarkLookupRoundTrip(b *testing.B) {
 	}{
 		{"engine=uring/rings=1", EngineURing, func(o *Options) { o.Rings = 1 }},
 		{"engine=uring/rings=cpus", EngineURing, func(o *Options) { o.Rings = runtime.GOMAXPROCS(0) }},
+		{"engine=uring-statx/rings=cpus", EngineURing, func(o *Options) { o.Lookup, o.Rings = LookupStatx, runtime.GOMAXPROCS(0) }},
 		{"engine=sync", EngineSync, nil},
 	}
 	for _, e := range engines {

@@ -796,6 +796,17 @@ func (b *uringBackend) judged(i int32, decided bool) {
 // 4 interleaved rounds, made 0.95 (0.77-1.17) of the keys a second of the
 // engine's first design through the netpoller and 1.11 (0.93-1.25) so; a
 // round trip of 8 keys took 98-146 µs and 84-106 µs (first design: 69-112).
+// With a ring per CPU, STATX lookups keep kernel workers on both CPUs, and
+// each wake-up through the netpoller waits for a CPU twice (the
+// netpoller's thread, then the owner's own): BenchmarkLookup left the CPUs
+// 14-15% idle (vmstat; the first design 3-4%), each ring had nothing in
+// the kernel 15% of the time, and a caller's wake took 190 µs at the mean
+// to reach an owner so asleep; 0.84-1.02 of the first design's keys a
+// second on two rings. Sleeping in io_uring_enter instead, holding the P,
+// made 0.94-1.10 of it, but a round trip of 8 keys took 184-191 µs
+// against 106-123 (BenchmarkLookupRoundTrip, uring-statx/rings=cpus);
+// sleeping there only while ops were in the kernel and no result had been
+// handed over since made 0.80-1.07. Neither is kept.
 // SQEs that the reaped completions queue go with the next wait.
 func (b *uringBackend) wait(d time.Duration, done []int32) []int32 {
 	b.takePooled()
