@@ -239,7 +239,7 @@ func (s *session) sumJobs(perJob [][]*result) []*result {
 
 // sumResults is the row of several jobs' results of one engine and
 // workload: counts add up, the time is the longest job's, the histograms
-// merge.
+// merge; Stopped says how many jobs stopped early, and the first one's why.
 func sumResults(rs []*result) *result {
 	f := rs[0]
 	t := &result{
@@ -247,6 +247,7 @@ func sumResults(rs []*result) *result {
 		Direct: f.Direct, Dir: f.Dir, Cold: f.Cold, Dist: f.Dist, EngineLine: f.EngineLine,
 		Job: -1, Jobs: len(rs),
 	}
+	stopped, why := 0, "" // jobs whose store stopped early (Stopped), the first one's reason
 	for _, r := range rs {
 		t.Keys += r.Keys
 		t.Batches += r.Batches
@@ -280,6 +281,14 @@ func sumResults(rs []*result) *result {
 		if t.FirstError == "" {
 			t.FirstError = r.FirstError
 		}
+		if r.Stopped != "" {
+			if stopped++; stopped == 1 {
+				why = fmt.Sprintf("job %d: %s", r.Job, r.Stopped)
+			}
+		}
+	}
+	if stopped > 0 {
+		t.Stopped = fmt.Sprintf("%d of %d jobs; %s", stopped, len(rs), why)
 	}
 	t.finish()
 	return t

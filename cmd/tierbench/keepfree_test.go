@@ -57,6 +57,21 @@ func TestStoreKeepsFree(t *testing.T) {
 	assert.Contains(t, r.Stopped, "under --keep-free 0.5")
 }
 
+// TestSumStopped: the row summing --jobs says how many of them stopped
+// early and why the first did, under the table as in JSON.
+func TestSumStopped(t *testing.T) {
+	why := "3 MiB free of 64 MiB on the filesystem of /d, under --keep-free 0.5"
+	rs := []*result{
+		{Engine: "sync", Workload: "store", Job: 0, Jobs: 3, Keys: 10},
+		{Engine: "sync", Workload: "store", Job: 1, Jobs: 3, Keys: 4, Stopped: why},
+		{Engine: "sync", Workload: "store", Job: 2, Jobs: 3, Keys: 5, Stopped: "other"},
+	}
+	sum := sumResults(rs)
+	assert.Equal(t, "2 of 3 jobs; job 1: "+why, sum.Stopped)
+	assert.Equal(t, "sync store stopped early, its row counting 19 keys: 2 of 3 jobs; job 1: "+why, stoppedLine(sum))
+	assert.Empty(t, sumResults(rs[:1]).Stopped, "no job stopped")
+}
+
 // TestDFSpace: a filesystem whose reserve is a third of its blocks (as on
 // our machines) is as full as df says, not fuller.
 func TestDFSpace(t *testing.T) {
