@@ -796,6 +796,8 @@ func (b *uringBackend) judged(i int32, decided bool) {
 // 4 interleaved rounds, made 0.95 (0.77-1.17) of the keys a second of the
 // engine's first design through the netpoller and 1.11 (0.93-1.25) so; a
 // round trip of 8 keys took 98-146 µs and 84-106 µs (first design: 69-112).
+// SQEs that the reaped completions queue go with the next wait.
+//
 // With a ring per CPU, STATX lookups keep kernel workers on both CPUs, and
 // each wake-up through the netpoller waits for a CPU twice (the
 // netpoller's thread, then the owner's own): BenchmarkLookup left the CPUs
@@ -807,7 +809,6 @@ func (b *uringBackend) judged(i int32, decided bool) {
 // against 106-123 (BenchmarkLookupRoundTrip, uring-statx/rings=cpus);
 // sleeping there only while ops were in the kernel and no result had been
 // handed over since made 0.80-1.07. Neither is kept.
-// SQEs that the reaped completions queue go with the next wait.
 func (b *uringBackend) wait(d time.Duration, done []int32) []int32 {
 	b.takePooled()
 	switch {

@@ -39,6 +39,11 @@ func TestStoresSync(t *testing.T) {
 				o.StoresOnRing, o.NoDirect, o.Buffers = c.onRing, !c.direct, n
 			})
 			assert.Equal(t, !c.onRing, tr.Engine().StoresSync)
+			if c.direct {
+				// Else the case is "pool" again, and would pass with
+				// O_DIRECT stores kept on the ring.
+				require.True(t, tr.Engine().Direct, "the probe: %s", tr.Engine().NoDirect)
+			}
 			idx := seq(0, n)
 			bufs := tr.Buffers()
 			for i := range idx {
