@@ -334,6 +334,7 @@ type progress struct {
 	disposal CorruptAction // what a load did with the file: CorruptQuarantine or CorruptRemove, once tried
 	dispErr  error         // and this is why it could not
 	tail     int32         // bytes a load found past the end of a block of the expected size
+	tailFull bool          // the read past the end filled its buffer: the file may be longer still
 	hdrDone  int64
 	payDone  int64
 	cause    error

@@ -73,11 +73,12 @@ func (p *Program) judgeLoad() bool {
 		case r < 0:
 			return p.decide(StatusFailed, p.pathError(StepRead, p.path[:], syscall.Errno(-r)))
 		case s.role == roleTail:
-			p.tail = r
+			p.tail, p.tailFull = r, int(r) == len(s.Buf)
 		case s.role == roleWhole:
 			want := off + int64(len(p.buf))
 			if short = int64(r) < want; !short {
 				p.hdrDone, p.payDone, p.tail, p.eof = off, int64(len(p.buf)), int32(int64(r)-want), true
+				p.tailFull = int(p.tail) == len(p.past)
 			}
 		default:
 			moved = moved || r > 0
@@ -100,16 +101,17 @@ func (p *Program) judgeLoad() bool {
 		p.next(phaseResume)
 		return false
 	}
-	// The file's length as the reads found it.
-	size := p.hdrDone
+	// The file's length as the reads found it: at least that with
+	// tailFull.
+	size, longer := p.hdrDone, false
 	switch {
 	case p.hdrDone < off:
 	case p.payDone < int64(len(p.buf)):
 		size += p.payDone
 	default:
-		size += p.payDone + int64(p.tail)
+		size, longer = size+p.payDone+int64(p.tail), p.tailFull
 	}
-	st, quarantine, err := judgeFile(p.cfg.Format, p.KeyBytes(), p.hdr[:p.hdrDone], p.buf[:p.payDone], size, len(p.buf))
+	st, quarantine, err := judgeFile(p.cfg.Format, p.KeyBytes(), p.hdr[:p.hdrDone], p.buf[:p.payDone], size, longer, len(p.buf))
 	if p.hdrDone < off || off == 0 && size < int64(len(p.buf)) {
 		// Shorter than a header, or than a raw block: a FIFO or a
 		// device reads so too.
@@ -142,7 +144,7 @@ func (p *Program) stale() bool {
 		return p.decide(StatusMissing, nil)
 	}
 	p.retried = true
-	p.hdrDone, p.payDone, p.eof, p.tail = 0, 0, false, 0
+	p.hdrDone, p.payDone, p.eof, p.tail, p.tailFull = 0, 0, false, 0, false
 	return p.again()
 }
 
@@ -202,8 +204,10 @@ func (p *Program) settleLoad() bool {
 // judgeFile applies the format's validity rule (CheckBlock, CheckRaw) and
 // says whether a corrupt file is to be disposed of: a framed block of
 // another size, whole as its header describes it, is someone else's, not
-// damaged; a raw file of the wrong size says nothing of whose it is.
-func judgeFile(f Format, key, hdr, payload []byte, size int64, blockSize int) (Status, bool, error) {
+// damaged; a raw file of the wrong size says nothing of whose it is. With
+// longer, the file is size bytes or more (the read past the end filled its
+// buffer), and a block larger than blockSize may be whole: it is left too.
+func judgeFile(f Format, key, hdr, payload []byte, size int64, longer bool, blockSize int) (Status, bool, error) {
 	if f == FormatRaw {
 		if err := CheckRaw(size, int64(blockSize)); err != nil {
 			return StatusCorrupt, true, err
@@ -214,8 +218,13 @@ func judgeFile(f Format, key, hdr, payload []byte, size int64, blockSize int) (S
 	if err == nil && len(payload) == blockSize {
 		return StatusLoaded, false, nil
 	}
-	if h, herr := DecodeHeader(hdr); herr == nil && h.PayloadSize != int64(blockSize) && size == h.FileSize() {
+	h, herr := DecodeHeader(hdr)
+	switch {
+	case herr != nil:
+	case h.PayloadSize != int64(blockSize) && (size == h.FileSize() || longer && h.FileSize() > size):
 		return StatusCorrupt, false, fmt.Errorf("%w: payload is %d bytes, the block size is %d", ErrCorrupt, h.PayloadSize, blockSize)
+	case longer:
+		return StatusCorrupt, true, fmt.Errorf("%w: file is more than %d bytes, header says %d", ErrCorrupt, size, h.FileSize())
 	}
 	return StatusCorrupt, true, err
 }

@@ -478,6 +478,10 @@ func TestProgramLoad(t *testing.T) {
 		{"short", "shorter than the 4096-byte header", good[:10], true},
 		{"empty (a FIFO reads so)", "file is 0 bytes", []byte{}, true},
 		{"other size", "payload is 100 bytes, the block size is 12388", blockFile(key, payload[:100]), false},
+		// Larger by more than the read past the end: the reads never find
+		// its end, and whole as far as they go, it is someone else's.
+		{"larger", "payload is 20580 bytes, the block size is 12388", blockFile(key, testPayload(key, len(payload)+2*HeaderSize)), false},
+		{"appended past a header", "file is more than 20580 bytes, header says 16484", append(append([]byte(nil), good...), make([]byte, 2*HeaderSize)...), true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			p, phases := load(t, &fakeFS{file: c.file})
@@ -570,6 +574,14 @@ func TestProgramLoadVectored(t *testing.T) {
 		require.Equal(t, StatusCorrupt, p.Status)
 		assert.Contains(t, p.Err.Error(), "file is 16386 bytes, header says 16384")
 		assert.Equal(t, [][]StepOp{vectored, {StepRename}}, phases, "judged from the one read, then quarantined")
+	})
+	t.Run("larger", func(t *testing.T) {
+		// A block larger by more than the read past the end takes: its end
+		// is never found, and it is left where it is.
+		p, phases := load(t, &fakeFS{file: blockFile(key, testPayload(key, len(payload)+2*HeaderSize))}, FormatFramed)
+		require.Equal(t, StatusCorrupt, p.Status)
+		assert.Contains(t, p.Err.Error(), "payload is 20480 bytes, the block size is 12288")
+		assert.Equal(t, [][]StepOp{vectored}, phases, "not quarantined")
 	})
 	t.Run("raw-appended", func(t *testing.T) {
 		p, _ := load(t, &fakeFS{file: append(append([]byte(nil), payload...), 1)}, FormatRaw)

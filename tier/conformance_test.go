@@ -366,6 +366,37 @@ func TestLoadCorrupt(t *testing.T) {
 	})
 }
 
+// TestLoadOtherBlockSize: a block stored whole at another block size is
+// someone else's, not damaged: a load reports it corrupt and leaves it, the
+// larger one too, whose end the reads past the block never reach.
+func TestLoadOtherBlockSize(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		dir := t.TempDir()
+		const bigSize = 8 * testBlockSize
+		big := openTier(t, kind, dir, func(o *Options) { o.BlockSize = bigSize })
+		small := openTier(t, kind, dir, nil)
+		require.NoError(t, big.BlockStore().Put(big.Namespace(), testKey(0), bytes.Repeat([]byte{7}, bigSize)))
+		put(t, small, 1)
+		for _, c := range []struct {
+			tr        *Tier
+			key, size int
+		}{{small, 0, bigSize}, {big, 1, testBlockSize}} {
+			require.NoError(t, c.tr.Load(1, testKeys(c.key), [][]byte{make([]byte, c.tr.opts.BlockSize)}))
+			k := await(t, c.tr, 1)[1].Keys[0]
+			require.Equal(t, StatusCorrupt, k.Status, "key %d: %v", c.key, k.Err)
+			assert.ErrorIs(t, k.Err, blockstore.ErrCorrupt)
+			assert.Contains(t, k.Err.Error(), fmt.Sprintf("payload is %d bytes, the block size is %d", c.size, c.tr.opts.BlockSize))
+			_, err := os.Stat(blockFile(small, c.key))
+			assert.NoError(t, err, "key %d left in place", c.key)
+		}
+		q, err := os.ReadDir(small.qDir)
+		if !errors.Is(err, fs.ErrNotExist) {
+			require.NoError(t, err)
+		}
+		assert.Empty(t, q, "nothing quarantined")
+	})
+}
+
 func TestStore(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, kind EngineKind) {
 		for _, d := range []blockstore.Durability{blockstore.DurabilityNone, blockstore.DurabilityData, blockstore.DurabilityFull} {
