@@ -45,7 +45,7 @@ import (
 //	        only in directories not seen yet where a first try's OPEN found a level missing,
 //	        not a directory or a link; for a block bigger than one write: [WRITE header ─]
 //	        WRITE payload ─ …; then for a short write: WRITE the rest ─ … ─ CLOSE ─ RENAME; on failure: UNLINK tmp;
-//	        for DurabilityFull: OPEN dir ─ FSYNC ═ CLOSE for the block's directory (and its parents if created)
+//	        for DurabilityFull: OPEN dir ─ FSYNC ═ CLOSE for the block's directory (and its parents if created or not known)
 //	delete: UNLINK block (a reader that opened it first reads it whole: the file lives until closed)
 //	(─ LinkOnSuccess, ═ LinkAlways; [header] in the framed format only)
 //
@@ -323,6 +323,7 @@ type progress struct {
 	phase    phase
 	fileOpen bool
 	created  bool          // a store made directories (their parents need a sync for DurabilityFull)
+	unseen   bool          // a store's directory was not known when it began: maybe new, its creator's sync of its parents not yet run
 	retried  bool          // a store already recreated its directories once; a load already met a stale file once
 	mkdirs   bool          // a store makes and checks its directories (its first try did not find them)
 	tryDirs  bool          // a store's phase counts on directories it has not seen being there

@@ -25,6 +25,7 @@ func (p *Program) layStore() {
 		panic("blockstore: block path longer than PathMax") // Start checked the block's path
 	}
 	unseen := len(dir) > 0 && !p.cfg.Dirs.Known(dir)
+	p.unseen = p.unseen || unseen
 	if unseen && !p.mkdirs && p.cfg.Guess.makeFirst() {
 		p.mkdirs, p.guessed = true, true
 	}
@@ -87,6 +88,7 @@ func (p *Program) layStore() {
 func (p *Program) layExists() {
 	dir := p.cfg.Layout.AppendDir(p.dirs[:0], p.KeyBytes())
 	if len(dir) > 0 && !p.cfg.Dirs.Known(dir) {
+		p.unseen = true
 		if len(dir) >= len(p.dirs) {
 			panic("blockstore: block path longer than PathMax") // Start checked the block's path
 		}
@@ -141,13 +143,15 @@ func (p *Program) layPublish() {
 }
 
 // layDirSync syncs the block's directory, which holds its new name, and
-// when the store created directories, each parent too: OPEN ─ FSYNC ═
-// CLOSE ─ the next directory's OPEN.
+// when the store created directories, or found them there without knowing
+// them (another store may have made them and not yet synced their
+// parents), each parent too: OPEN ─ FSYNC ═ CLOSE ─ the next directory's
+// OPEN. Directories are known only once a store synced them so.
 func (p *Program) layDirSync() {
 	dirs := append(p.cfg.Layout.AppendDir(p.dirs[:0], p.KeyBytes()), 0)
 	if len(dirs) == 1 {
 		dirs = append(dirs[:0], '.', 0)
-	} else if p.created {
+	} else if p.created || p.unseen {
 		for k := len(dirs) - 2; k > 0; k-- {
 			if dirs[k] == '/' {
 				dirs = append(append(dirs, dirs[:k]...), 0)
@@ -198,6 +202,7 @@ func (p *Program) judgeStore() bool {
 			// Steps come in threes, one directory each.
 			return p.decide(StatusFailed, p.pathError(s.Op, p.dirs[p.Steps[k/3*3+1].dir:], err.(syscall.Errno)))
 		}
+		p.rememberDirs()
 		return p.decide(StatusStored, nil)
 	}
 	opened := p.phase == phaseResume // the temporary file exists
@@ -235,15 +240,11 @@ func (p *Program) judgeStore() bool {
 		return false
 	}
 	if k < 0 {
-		dir := p.cfg.Layout.AppendDir(p.dirs[:0], p.KeyBytes())
-		p.cfg.Dirs.Remember(dir)
-		if p.mkdirs {
-			eachParent(dir, p.cfg.Dirs.Remember) // each level, made and checked
-		}
 		if p.cfg.Durability == DurabilityFull {
 			p.next(phaseDirSync)
 			return false
 		}
+		p.rememberDirs()
 		return p.decide(StatusStored, nil)
 	}
 	s := &p.Steps[k]
@@ -293,6 +294,16 @@ func (p *Program) judgeStore() bool {
 
 // eachParent calls f with each level above the last of dir ("aa" of
 // "aa/bb").
+// rememberDirs tells the directory cache that the stored block's
+// directory is there, and with mkdirs each level of it (made and checked).
+func (p *Program) rememberDirs() {
+	dir := p.cfg.Layout.AppendDir(p.dirs[:0], p.KeyBytes())
+	p.cfg.Dirs.Remember(dir)
+	if p.mkdirs {
+		eachParent(dir, p.cfg.Dirs.Remember)
+	}
+}
+
 func eachParent(dir []byte, f func([]byte)) {
 	for i := range dir {
 		if dir[i] == '/' {
@@ -336,7 +347,8 @@ func (p *Program) judgeExists() bool {
 			p.next(phaseMain)
 			return false
 		}
-		if p.Steps[0].Res >= 0 {
+		if p.Steps[0].Res >= 0 && p.cfg.Durability != DurabilityFull {
+			// With DurabilityFull, only once this store synced its parents.
 			p.cfg.Dirs.Remember(p.cfg.Layout.AppendDir(p.dirs[:0], p.KeyBytes()))
 		}
 	}

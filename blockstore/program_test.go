@@ -809,13 +809,82 @@ func TestProgramStoreFailures(t *testing.T) {
 		require.Equal(t, StatusStored, p.Status, "%v", p.Err)
 		require.Len(t, phases, 3)
 		assert.Equal(t, 9, len(phases[2]), "made directories: the block's directory, its parent and the namespace directory")
+		// Directories there but not known: another store may have made
+		// them and not synced their parents yet; once synced, known.
+		cfg := testConfig(DurabilityFull)
+		for _, want := range []int{9, 3} {
+			p = Program{}
+			require.NoError(t, p.Start(cfg, OpStore, key, payload, make([]byte, HeaderSize), false))
+			phases = (&fakeFS{}).run(t, &p)
+			require.Equal(t, StatusStored, p.Status, "%v", p.Err)
+			require.Len(t, phases, 2)
+			assert.Equal(t, want, len(phases[1]), "directories there, not known (9) and known (3)")
+		}
+		// Not known until the syncs succeed: a failed one teaches nothing.
+		cfg = testConfig(DurabilityFull)
 		p = Program{}
-		require.NoError(t, p.Start(testConfig(DurabilityFull), OpStore, key, payload, make([]byte, HeaderSize), false))
-		phases = (&fakeFS{}).run(t, &p)
-		require.Equal(t, StatusStored, p.Status, "%v", p.Err)
-		require.Len(t, phases, 2)
-		assert.Equal(t, 3, len(phases[1]), "directories that were there: the block's directory")
+		require.NoError(t, p.Start(cfg, OpStore, key, payload, make([]byte, HeaderSize), false))
+		(&fakeFS{fail: map[int]int32{5: -int32(unix.EIO)}}).run(t, &p)
+		require.Equal(t, StatusFailed, p.Status)
+		require.ErrorIs(t, p.Err, syscall.EIO)
+		assert.False(t, cfg.Dirs.Known(FanoutLayout{}.AppendDir(nil, key)))
 	})
+}
+
+// TestProgramStoreFullSharedNewDir: DurabilityFull, "a block Put returned
+// for survives a power loss". Two stores of one Store into one new leaf
+// directory: A makes the directories (ab, ab/ab) and, before its rename
+// (and so before its directory syncs), B stores into the leaf A made. B's
+// first try finds the directories there, not known: B syncs their parents
+// too, not only the leaf (it synced only the leaf once).
+func TestProgramStoreFullSharedNewDir(t *testing.T) {
+	s := openTestStore(t, Options{Durability: DurabilityFull})
+	nsDir, err := s.NamespaceDir("ns")
+	require.NoError(t, err)
+	dirfd, err := unix.Open(nsDir, unix.O_PATH|unix.O_DIRECTORY, 0)
+	require.NoError(t, err)
+	defer unix.Close(dirfd)
+	cfg := s.programConfig("ns")
+	keyA := bytes.Repeat([]byte{0xab}, 32)
+	keyB := append([]byte(nil), keyA...)
+	keyB[31] = 0x01
+	hdrA, hdrB := make([]byte, HeaderSize), make([]byte, HeaderSize)
+	pa, pb := new(Program), new(Program)
+	require.NoError(t, pa.Start(cfg, OpStore, keyA, []byte("A"), hdrA, false))
+
+	var syncedByB []string
+	runB := func() {
+		require.NoError(t, pb.Start(cfg, OpStore, keyB, []byte("B"), hdrB, false))
+		for {
+			pb.execute(func(st *Step) int32 {
+				if st.Op == StepFsync && st.role == roleDirSync {
+					syncedByB = append(syncedByB, string(cstr(pb.dirs[st.dir:])))
+				}
+				return pb.call(dirfd, st)
+			})
+			if pb.Judge() {
+				return
+			}
+		}
+	}
+	ranB := false
+	for {
+		pa.execute(func(st *Step) int32 {
+			if st.role == rolePublish && !ranB {
+				ranB = true
+				runB()
+			}
+			return pa.call(dirfd, st)
+		})
+		if pa.Judge() {
+			break
+		}
+	}
+	require.True(t, ranB)
+	require.Equal(t, StatusStored, pb.Status, "%v", pb.Err)
+	require.Equal(t, StatusStored, pa.Status, "%v", pa.Err)
+	assert.Contains(t, syncedByB, "ab", "B returned before the new directory ab/ab's entry in ab was synced; B synced only %q", syncedByB)
+	assert.Contains(t, syncedByB, ".", "B returned before the new directory ab's entry in the namespace was synced; B synced only %q", syncedByB)
 }
 
 // deepLayout nests blocks ten directories deep: a store's phase would need
