@@ -7,6 +7,7 @@ import "C"
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 	"unsafe"
 
@@ -130,6 +131,9 @@ func utgo_poll(h C.ut_tier, results *C.ut_result, resultsCap C.size_t, status *C
 	if (results == nil && resultsCap > 0) || (status == nil && statusCap > 0) {
 		return fail(fmt.Errorf("%w: ut_poll: NULL array", errArg))
 	}
+	if !sane(resultsCap, unsafe.Sizeof(*results)) || !sane(statusCap, 1) {
+		return fail(fmt.Errorf("%w: ut_poll: results_cap %d or status_cap %d", errArg, uint64(resultsCap), uint64(statusCap)))
+	}
 	n, err := c.poll(unsafe.Slice(results, resultsCap), unsafe.Slice((*byte)(status), statusCap))
 	if err != nil {
 		return fail(err)
@@ -208,13 +212,16 @@ func utgo_close(h C.ut_tier, timeoutMS C.int64_t) C.int {
 	if err != nil {
 		return fail(err)
 	}
-	defer c.mu.RUnlock()
+	// Not held while Close waits: ut_free of the handle (which waits for
+	// calls in progress) and a second ut_close keep to their own waits.
+	t := c.t
+	c.mu.RUnlock()
 	if timeoutMS < 0 {
 		return fail(fmt.Errorf("%w: ut_close: negative timeout %d ms", errArg, int64(timeoutMS)))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(timeoutMS)*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), millis(timeoutMS))
 	defer cancel()
-	if err := c.t.Close(ctx); err != nil {
+	if err := t.Close(ctx); err != nil {
 		return fail(err)
 	}
 	return C.UT_OK
@@ -254,6 +261,9 @@ func copyOut(b []byte, buf *C.char, capacity C.size_t) C.int {
 	if buf == nil && capacity > 0 {
 		return fail(fmt.Errorf("%w: NULL buffer", errArg))
 	}
+	if !sane(capacity, 1) {
+		return fail(fmt.Errorf("%w: capacity %d", errArg, uint64(capacity)))
+	}
 	if capacity > 0 {
 		dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), capacity)
 		n := copy(dst[:len(dst)-1], b)
@@ -267,10 +277,32 @@ func utgo_exists(paths *C.char, pathsSize C.size_t, n C.size_t, timeoutMS C.int6
 	if (paths == nil && pathsSize > 0) || (status == nil && n > 0) || timeoutMS < 0 {
 		return fail(fmt.Errorf("%w: ut_exists: NULL array or negative timeout", errArg))
 	}
+	if pathsSize > math.MaxInt32 || n > math.MaxInt32 {
+		// Path offsets are int32, and the count found is returned as an int.
+		return fail(fmt.Errorf("%w: ut_exists: %d paths in %d bytes (at most 2^31-1 of either)", errArg, uint64(n), uint64(pathsSize)))
+	}
 	found, err := exists(unsafe.Slice((*byte)(unsafe.Pointer(paths)), pathsSize), int(n),
-		time.Duration(timeoutMS)*time.Millisecond, unsafe.Slice((*byte)(status), n))
+		millis(timeoutMS), unsafe.Slice((*byte)(status), n))
 	if err != nil {
 		return fail(err)
 	}
 	return C.int(found)
+}
+
+// millis converts a timeout in milliseconds, saturating: a timeout longer
+// than a Duration holds (292 years) waits as long as it takes, where the
+// product would wrap to an expired deadline.
+func millis(ms C.int64_t) time.Duration {
+	if int64(ms) > math.MaxInt64/int64(time.Millisecond) {
+		return math.MaxInt64
+	}
+	return time.Duration(ms) * time.Millisecond
+}
+
+// sane reports whether n elements of size bytes can be a C array in this
+// process (at most 2^48 bytes, beyond any address space it has), so that
+// unsafe.Slice, which panics where the length does not fit, never sees one
+// that does not: an impossible length is UT_EARG, not a crash.
+func sane(n C.size_t, size uintptr) bool {
+	return uint64(n) <= 1<<48/uint64(size)
 }

@@ -293,7 +293,9 @@ int ut_cancel(ut_tier t, uint64_t req);
  * UT_ESTUCK if a hung filesystem still holds operations: the results of
  * their loads and stores count the buffers in held, and a UT_OP_RELEASE
  * result follows for each once the kernel lets go. A second ut_close
- * returns the first one's code.
+ * returns the first one's code, or UT_ESTUCK if its own timeout passes
+ * while the first still waits. A timeout too long for the library (over
+ * 292 years) waits as long as it takes.
  */
 int ut_close(ut_tier t, int64_t timeout_ms);
 
@@ -330,7 +332,8 @@ int ut_engine(ut_tier t, char *buf, size_t cap);
  * (paths_size bytes in all). It waits until every path is answered or
  * timeout_ms has passed, writes status[i] (UT_FOUND, UT_MISSING,
  * UT_TIMEDOUT for a path not answered in time, UT_FAILED for another
- * error) and returns how many were found. Paths are copied, so a thread
+ * error) and returns how many were found; n and paths_size are at most
+ * 2^31-1 (UT_EARG otherwise). Paths are copied, so a thread
  * stuck in a hung filesystem never touches the caller's memory after the
  * return. Needs no tier.
  */

@@ -788,13 +788,18 @@ func (t *Tier) Cancel(req uint64) bool {
 // count them in Held, and an OpRelease follows for each once it does (Poll
 // works after Close). The engine's owners wait for those operations in the
 // background and release rings, descriptors and buffers after the last. A
-// second Close returns the first one's result.
+// second Close returns the first one's result, or, if its own ctx ends
+// while the first still waits, an error wrapping ErrStuck.
 func (t *Tier) Close(ctx context.Context) error {
 	t.mu.Lock()
 	if t.closed.Load() {
 		t.mu.Unlock()
-		<-t.closeCh
-		return t.closeErr
+		select {
+		case <-t.closeCh:
+			return t.closeErr
+		case <-ctx.Done():
+			return fmt.Errorf("tier: close: %w: another Close still waits for the filesystem", ErrStuck)
+		}
 	}
 	t.closed.Store(true)
 	t.mu.Unlock()

@@ -145,6 +145,14 @@ def _after_fork_in_child() -> None:
         _library._disable()
 
 
+def millis(timeout: float) -> int:
+    """A timeout in seconds as the library's int64 milliseconds: none below 0, and one too long
+    for it (infinity too) as the longest, which waits as long as it takes."""
+    if timeout != timeout:
+        raise ValueError("timeout is NaN")
+    return max(0, round(min(timeout, 1e15) * 1000))
+
+
 def library_path() -> str:
     """The library that load() opens: $URINGTIER_LIBRARY, else liburingtier.so inside the package."""
     return os.environ.get(LIBRARY_ENV) or os.path.join(os.path.dirname(os.path.abspath(__file__)), "liburingtier.so")

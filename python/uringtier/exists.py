@@ -33,7 +33,7 @@ def batch_status(paths: Iterable[StrPath], timeout: float = 5.0) -> list[Status]
         raise InvalidRequestError("batch_exists: a path contains a NUL byte")
     lib = _lib.load()
     status = (c_uint8 * n)()
-    rc = lib.ut_exists(blob, len(blob), n, max(0, round(timeout * 1000)), status)
+    rc = lib.ut_exists(blob, len(blob), n, _lib.millis(timeout), status)
     if rc < 0:
         raise lib.error(rc, "batch_exists")
     return [Status(s) for s in bytes(status)]

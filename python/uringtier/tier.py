@@ -311,6 +311,7 @@ class Tier:
         one bytes-like object holding keys of key_size bytes back to back (a NumPy array of
         digests, say): the cheapest form, with no per-key work in Python.
         """
+        req = _request_id(req, "lookup")
         data, n, sizes, _keep = _encode_keys(keys, key_size)
         rc = self._lib.ut_lookup(self._handle, req, data, len(data), sizes, n)
         if rc < 0:
@@ -318,6 +319,7 @@ class Tier:
 
     def lookup_prefix(self, req: int, keys: Sequence[bytes] | bytes, key_size: int | None = None) -> None:
         """lookup() for a caller that wants only the prefix: keys after a miss may be skipped."""
+        req = _request_id(req, "lookup_prefix")
         data, n, sizes, _keep = _encode_keys(keys, key_size)
         rc = self._lib.ut_lookup_prefix(self._handle, req, data, len(data), sizes, n)
         if rc < 0:
@@ -330,6 +332,7 @@ class Tier:
         filesystem after the lookups, loads and stores submitted before them: a load that opened
         a block first reads it whole, one after reports it missing.
         """
+        req = _request_id(req, "delete")
         data, n, sizes, _keep = _encode_keys(keys, key_size)
         rc = self._lib.ut_delete(self._handle, req, data, len(data), sizes, n)
         if rc < 0:
@@ -353,26 +356,33 @@ class Tier:
 
     def _submit_io(self, fn: Any, what: str, req: int, keys: Sequence[bytes] | bytes, key_size: int | None,
                    buffers: Sequence[Any], writable: bool) -> None:
+        req = _request_id(req, what)
         data, n, sizes, _keep = _encode_keys(keys, key_size)
         if len(buffers) != n:
             raise InvalidRequestError(f"{what}: {n} keys but {len(buffers)} buffers")
-        pins = [pin(b, writable, i) for i, b in enumerate(buffers)]
+        pins: list[Pinned] = []
+        registered = False
         try:
-            for i, p in enumerate(pins):
-                if p.size != self.block_size:
+            for i, b in enumerate(buffers):
+                pins.append(pin(b, writable, i))
+                if pins[-1].size != self.block_size:
                     raise InvalidRequestError(
-                        f"{what}: buffer {i} is {p.size} bytes, the block size is {self.block_size}")
+                        f"{what}: buffer {i} is {pins[-1].size} bytes, the block size is {self.block_size}")
             addrs = (c_void_p * len(pins))(*(p.address for p in pins))
             with self._pins_lock:
                 if req in self._pins:
                     raise InvalidRequestError(f"{what}: request {req} is already in flight")
                 self._pins[req] = pins
+                registered = True
             rc = fn(self._handle, req, data, len(data), sizes, n, addrs, self.block_size)
             if rc < 0:
-                with self._pins_lock:
-                    del self._pins[req]
                 raise self._lib.error(rc, what)
         except BaseException:
+            # Refused (or interrupted before the library took the request):
+            # the buffers are the caller's again, and the ID is free.
+            if registered:
+                with self._pins_lock:
+                    del self._pins[req]
             for p in pins:
                 p.release()
             raise
@@ -417,7 +427,7 @@ class Tier:
 
     def cancel(self, req: int) -> bool:
         """Cancels request req; its Result still arrives. Returns whether it was in flight."""
-        rc = self._lib.ut_cancel(self._handle, req)
+        rc = self._lib.ut_cancel(self._handle, _request_id(req, "cancel"))
         if rc < 0:
             raise self._lib.error(rc, "cancel")
         return rc == 1
@@ -464,7 +474,7 @@ class Tier:
             return
         if timeout is None:
             timeout = self.close_timeout
-        rc = self._lib.ut_close(self._handle, max(0, round(timeout * 1000)))
+        rc = self._lib.ut_close(self._handle, _lib.millis(timeout))
         self._closed = rc in (0, _lib.ESTUCK)
         if rc < 0:
             raise self._lib.error(rc, "close")
@@ -497,3 +507,17 @@ class Tier:
 
 _held_forever: list[dict[int, list[Pinned]]] = []
 """Pins of tiers freed while the kernel still held their buffers: never released."""
+
+
+def _request_id(req: Any, what: str) -> int:
+    """req as a request ID: an integer (a NumPy one too) from 0 to 2**64-1, which ctypes would
+    otherwise reduce modulo 2**64, so that its Result came back under another ID."""
+    try:
+        if isinstance(req, bool):
+            raise TypeError
+        r = operator.index(req)
+    except TypeError:
+        raise InvalidRequestError(f"{what}: request ID {req!r} is not an integer") from None
+    if not 0 <= r < 1 << 64:
+        raise InvalidRequestError(f"{what}: request ID {r} is outside 0 to 2**64-1")
+    return r
