@@ -815,10 +815,21 @@ func (s *shard) remember(o *op, now time.Time) {
 	default:
 		return
 	}
+	// What a lookup or a load found holds as of its start (a load that
+	// opened the block before a delete reads it whole and ends after the
+	// delete did); what a store or a delete did, as of its end. An entry
+	// never replaces a newer one: a load's "found" must not outlive the
+	// delete that ended before it, nor make a later store skip its write
+	// (StatusPresent).
+	if o.kind == OpLookup || o.kind == OpLoad {
+		now = o.started
+	}
 	e := cacheEntry{key: o.key, keyLen: o.keyLen, found: found, at: int64(now.Sub(s.epoch))}
 	home := s.t.shards[o.hash%uint64(len(s.t.shards))]
 	if home == s {
-		s.cacheStore(o.hash, e)
+		if old, ok := s.cache[o.hash]; !ok || old.at <= e.at || old.keyLen != e.keyLen || old.key != e.key {
+			s.cacheStore(o.hash, e)
+		}
 		return
 	}
 	e.at = int64(now.Sub(home.epoch))

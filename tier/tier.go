@@ -536,7 +536,8 @@ func (t *Tier) submitTo(id uint64, op Op, prefixOnly bool, keys [][]byte, bufs [
 	r.published = false
 	r.held = 0
 	r.heldPolled = false
-	t.calls.Add(1) // Close waits for this request to reach the shards
+	r.canceled.Store(false) // under mu: a Cancel that finds r in byID is never undone
+	t.calls.Add(1)          // Close waits for this request to reach the shards
 	t.mu.Unlock()
 	defer t.calls.Done()
 
@@ -565,7 +566,6 @@ func (t *Tier) submitTo(id uint64, op Op, prefixOnly bool, keys [][]byte, bufs [
 	r.submitted = start
 	r.deadline = start.Add(timeout)
 	r.firstMiss.Store(int32(len(keys)))
-	r.canceled.Store(false)
 	t.stats.requests[op].Add(1)
 	t.stats.keys[op].Add(uint64(len(keys)))
 	if len(keys) == 0 {

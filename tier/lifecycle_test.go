@@ -1,0 +1,109 @@
+package tier
+
+import (
+	"bytes"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestCancelDuringSubmit: a Cancel that returns true while its request's
+// submit call is still copying the keys holds: the keys cannot start (the
+// shard's only op slot is held by a blocked lookup), so every key ends
+// StatusCanceled. (submitTo once reset the flag after publishing the
+// request in byID and dropping t.mu, and the cancel was lost.)
+func TestCancelDuringSubmit(t *testing.T) {
+	var gate atomic.Pointer[chan struct{}]
+	blocker := testKey(1 << 30)
+	poolRun = func(o *op, _ bool) {
+		if bytes.Equal(o.keyBytes(), blocker) {
+			if g := gate.Load(); g != nil {
+				<-*g
+			}
+		}
+	}
+	t.Cleanup(func() { poolRun = nil })
+	tr := openTier(t, EngineSync, t.TempDir(), func(o *Options) { o.Rings, o.OpsMax = 1, 1 })
+	keys := make([][]byte, 4096)
+	for i := range keys {
+		keys[i] = testKey(i)
+	}
+	lost := 0
+	for iter := range 50 {
+		g := make(chan struct{})
+		gate.Store(&g)
+		blk, req := uint64(1000+2*iter), uint64(1001+2*iter)
+		require.NoError(t, tr.Lookup(blk, [][]byte{blocker}))
+		require.Eventually(t, func() bool { return tr.Stats().InFlight == 1 }, 5*time.Second, time.Millisecond)
+		var wg sync.WaitGroup
+		var canceled atomic.Bool
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+				if tr.Cancel(req) {
+					canceled.Store(true)
+					return
+				}
+			}
+		}()
+		require.NoError(t, tr.Lookup(req, keys))
+		wg.Wait()
+		require.True(t, canceled.Load(), "Cancel never saw the request")
+		close(g) // only now may request req's keys start
+		r := await(t, tr, blk, req)[req]
+		n := 0
+		for _, k := range r.Keys {
+			if k.Status != StatusCanceled {
+				n++
+			}
+		}
+		if n > 0 {
+			lost++
+			t.Logf("iteration %d: Cancel returned true before any key could start, yet %d of %d keys ended %v", iter, n, len(keys), r.Keys[0].Status)
+			break
+		}
+	}
+	require.Zero(t, lost, "iterations whose Cancel (returned true) was lost")
+}
+
+// TestLookupCacheLoadEndsAfterDelete: a load that read a block before its
+// delete, and finishes after it, does not write "found" into the lookup
+// cache over what the delete taught it. It once did: a lookup submitted
+// after both Results were polled reported the deleted block Found, and a
+// store of it was answered StatusPresent without writing.
+func TestLookupCacheLoadEndsAfterDelete(t *testing.T) {
+	started, release := make(chan struct{}), make(chan struct{})
+	var once atomic.Bool
+	judgeAllAside(t, func() {
+		if once.CompareAndSwap(false, true) {
+			close(started)
+			<-release
+		}
+	})
+	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.Rings, o.LookupCacheTTL = 1, time.Minute })
+	put(t, tr, 0)
+	buf := make([]byte, testBlockSize)
+	require.NoError(t, tr.Load(1, testKeys(0), [][]byte{buf}))
+	judging(t, started) // the block is read; its checksum waits
+	require.NoError(t, tr.Delete(2, testKeys(0)))
+	require.Equal(t, []Status{StatusDeleted}, statuses(await(t, tr, 2)[2]))
+	close(release)
+	require.Equal(t, []Status{StatusLoaded}, statuses(await(t, tr, 1)[1]))
+	_, err := os.Stat(blockFile(tr, 0))
+	require.ErrorIs(t, err, os.ErrNotExist)
+
+	require.NoError(t, tr.Lookup(3, testKeys(0)))
+	lookup := statuses(await(t, tr, 3)[3])
+	require.NoError(t, tr.Store(4, testKeys(0), [][]byte{testPayload(0)}))
+	store := statuses(await(t, tr, 4)[4])
+	_, err = os.Stat(blockFile(tr, 0))
+	t.Logf("after the delete: lookup %v, store %v, file there: %v", lookup, store, err == nil)
+	require.Equal(t, []Status{StatusMissing}, lookup, "lookup of a deleted block (both Results polled)")
+	require.Equal(t, []Status{StatusStored}, store, "store of a deleted block")
+	require.NoError(t, err, "the block a store reported there")
+}
