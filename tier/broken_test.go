@@ -1,6 +1,7 @@
 package tier
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/uringtier/uringtier/blockstore"
+	"github.com/uringtier/uringtier/internal/faultfs"
 	"github.com/uringtier/uringtier/uring"
 )
 
@@ -197,4 +199,57 @@ func TestStrayCompletionFailsTheTier(t *testing.T) {
 	assert.Eventually(t, func() bool { return tr.Engine().Broken != "" }, 5*time.Second, time.Millisecond)
 	assert.Contains(t, tr.Engine().Broken, "not a step in flight")
 	assert.ErrorIs(t, tr.Lookup(2, testKeys(0)), ErrBroken)
+}
+
+// TestBrokenRingKeepsKernelBuffers: a load whose read the kernel took
+// (hung in a FUSE filesystem) when the ring broke: its Result fails with
+// ErrBroken and counts the buffer in Held, and no OpRelease follows, since
+// a broken ring never says when the kernel lets go; the kernel does write
+// the buffer once the filesystem answers. It once said Held 0, and the
+// caller's cleared buffer was written behind its back.
+func TestBrokenRingKeepsKernelBuffers(t *testing.T) {
+	armed, fired := faultSubmissions(t)
+	fsys := mountFaultFS(t)
+	tr, err := Open(fsys.Mountpoint(), Options{BlockSize: testBlockSize, Engine: EngineURing, Rings: 1, OpsMax: 128})
+	require.NoError(t, err)
+	defer tr.Close(context.Background())
+	put(t, tr, 0)
+	hang, err := fsys.Inject(faultfs.Fault{Ops: faultfs.OpRead, Hang: true,
+		// The read of the payload, into the caller's buffer.
+		Filter: func(op faultfs.Op) bool { return op.Offset == blockstore.HeaderSize && op.Size == testBlockSize }})
+	require.NoError(t, err)
+	defer hang.Release()
+
+	buf := make([]byte, testBlockSize)
+	require.NoError(t, tr.Load(1, testKeys(0), [][]byte{buf}))
+	require.Eventually(t, func() bool { return hang.Hung() > 0 }, 5*time.Second, time.Millisecond, "the load did not reach the hang")
+	armed.Store(true)
+	// A chunk's worth of lookups: the owner submits them, and the fault
+	// breaks the ring.
+	lk := make([][]byte, 2*submitChunk)
+	for i := range lk {
+		lk[i] = testKey(100 + i)
+	}
+	require.NoError(t, tr.Lookup(2, lk))
+	got := await(t, tr, 1, 2)
+	require.Positive(t, fired.Load(), "the fault was not injected")
+	r := got[1]
+	require.Equal(t, StatusFailed, r.Keys[0].Status)
+	require.ErrorIs(t, r.Keys[0].Err, ErrBroken)
+	require.Equal(t, 1, r.Held, "the kernel has the buffer")
+	assert.EqualValues(t, 1, tr.Stats().Held)
+
+	hang.Release()
+	require.Eventually(t, func() bool { return bytes.Equal(buf, testPayload(0)) }, 5*time.Second, time.Millisecond,
+		"the kernel wrote the buffer once the filesystem answered")
+	res := make([]Result, 4)
+	for range 20 {
+		for _, d := range res[:tr.Poll(res)] {
+			require.NotEqual(t, OpRelease, d.Op, "an OpRelease for request %d from a broken ring", d.Req)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	require.NoError(t, tr.Close(ctx))
 }

@@ -86,6 +86,7 @@ type uringBackend struct {
 	progs     []blockstore.Program // op i's program; pinned: SQEs point into it until their CQEs
 	dirFD     []int                // the namespace directory op i resolves its paths beneath, for all its phases
 	await     []uint16             // op i's steps of its current phase without a result, a bit each
+	sqEnd     []uint32             // the SQ position past op i's current phase (uring.Ring.Taken)
 	pinner    runtime.Pinner
 	hdrs      []byte // OpsMax header buffers of ScratchSize, mmap'd (aligned); registered buffer 0
 	cqes      []uring.CQE
@@ -166,7 +167,7 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	// SQEs) without submitting mid-way.
 	entries := uint32(min(8192, max(64, 4*n)))
 	b := &uringBackend{t: t, s: s, ns: t.ns, direct: t.engine.Direct,
-		progs: make([]blockstore.Program, n), dirFD: make([]int, n), await: make([]uint16, n), aside: make([]uint8, n),
+		progs: make([]blockstore.Program, n), dirFD: make([]int, n), await: make([]uint16, n), sqEnd: make([]uint32, n), aside: make([]uint8, n),
 		cqes: make([]uring.CQE, 256), wakeC: make(chan struct{}, 1), timer: time.NewTimer(time.Hour)}
 	b.timer.Stop()
 	b.hdrLen = blockstore.ScratchSize
@@ -326,7 +327,10 @@ func (b *uringBackend) submit() {
 // fail gives up on the ring after an error it cannot recover from: every
 // op not yet decided ends StatusFailed with ErrBroken and the cause, later
 // ops fail at once, and the tier says so. Memory the kernel may still use
-// is never freed.
+// is never freed: nor is a caller's buffer of a load or store whose phase
+// the kernel took, which may still read or write it and which a broken
+// ring never reaps (its Result counts it in Held, and no OpRelease
+// follows).
 func (b *uringBackend) fail(err error) {
 	if b.broken != nil {
 		return
@@ -341,6 +345,9 @@ func (b *uringBackend) fail(err error) {
 		}
 		if o.status == StatusPending {
 			o.status, o.err = StatusFailed, b.broken
+		}
+		if o.buf != nil && b.await[i] != 0 && b.ring.Taken(b.sqEnd[i]) {
+			b.t.hold(o.holder)
 		}
 		b.doneQ = append(b.doneQ, int32(i))
 	}
@@ -480,7 +487,7 @@ func (b *uringBackend) prepare(i int32) {
 		}
 		s.UserData = ud(i, k)
 	}
-	b.await[i] = 1<<p.N - 1
+	b.await[i], b.sqEnd[i] = 1<<p.N-1, b.ring.SQTail()
 	if b.ring.Pending() >= b.chunk || b.queued >= submitBytes {
 		// Inline opens and page-cache copies run in io_uring_enter,
 		// holding the owner's P: hand over what is queued now, at the

@@ -36,6 +36,7 @@ var (
 	ErrStuck = errors.New("tier: operations stuck in the filesystem")
 	// ErrBroken is wrapped by every error of a tier whose engine failed
 	// (an io_uring instance the kernel stopped accepting): keys in flight
-	// and later submits get it, with the cause. Reopen the tier.
+	// and later submits get it, with the cause (buffers the kernel may
+	// still use stay held: Result.Held). Reopen the tier.
 	ErrBroken = errors.New("tier: engine broken")
 )

@@ -81,6 +81,7 @@ var notInConformanceSuite = map[string]string{
 	"TestConformanceSuiteComplete":       "it checks the list, not the tier",
 	"TestLookupCacheLoadEndsAfterDelete": "it holds a load's checksum aside, which only the io_uring engine does",
 	"TestBrokenRingFailsTheTier":         "it injects a fault into the io_uring engine's ring",
+	"TestBrokenRingKeepsKernelBuffers":   "it injects a fault into the io_uring engine's ring",
 	"TestStrayCompletionFailsTheTier":    "it posts a completion on the io_uring engine's ring",
 	"TestReapUnderPressure":              "it shrinks the io_uring engine's queues",
 	"TestRingBreaksMidBatch":             "it injects a fault into the io_uring engine's ring",

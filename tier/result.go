@@ -78,6 +78,8 @@ type Result struct {
 	// Held counts the request's buffers that the kernel may still write
 	// or read (a load or store that timed out in a hung filesystem). The
 	// caller must not reuse them until a Result with Op == OpRelease and
-	// the same Req arrives. Zero almost always.
+	// the same Req arrives; none arrives for a load or store the kernel
+	// took before its ring broke (ErrBroken), since a broken ring never
+	// says when the kernel lets go. Zero almost always.
 	Held int
 }

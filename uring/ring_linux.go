@@ -289,6 +289,17 @@ func (r *Ring) GetSQE() *SQE {
 	return sqe
 }
 
+// SQTail returns how many SQEs GetSQE has handed out, wrapping: the
+// position past the latest one, for Taken.
+func (r *Ring) SQTail() uint32 { return r.sqeTail }
+
+// Taken reports whether the kernel has taken every SQE handed out before
+// pos (an SQTail): once it has, it may be running them, whatever a later
+// Submit reports.
+func (r *Ring) Taken(pos uint32) bool {
+	return int32(atomic.LoadUint32(r.sqHead)-pos) >= 0
+}
+
 // SQSpace returns how many SQEs GetSQE can still hand out before a Submit.
 func (r *Ring) SQSpace() uint32 {
 	return r.sqEntries - (r.sqeTail - atomic.LoadUint32(r.sqHead))
