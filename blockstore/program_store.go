@@ -172,13 +172,16 @@ func (p *Program) layDirSync() {
 var errShort = errors.New("short write")
 
 // firstFailure returns the first step of the phase that failed, other than
-// by being canceled behind it, and why; a MKDIR counts unless it succeeded
-// or found the directory there (EEXIST).
+// by being canceled behind it, and why; a MKDIR counts unless it succeeded,
+// found the directory there (EEXIST) or the check after it found the
+// directory (a level removed and made again meanwhile, an NFS MKDIR
+// retransmitted): the steps after it then ran, and one of them may have
+// created the temporary file.
 func (p *Program) firstFailure() (int, error) {
 	for k := range p.N {
 		s := &p.Steps[k]
 		switch {
-		case s.Op == StepMkdir && (s.Res >= 0 || s.Res == -int32(unix.EEXIST)):
+		case s.Op == StepMkdir && (s.Res >= 0 || s.Res == -int32(unix.EEXIST) || p.Steps[k+1].role == roleDirCheck && p.Steps[k+1].Res >= 0):
 		case s.Res < 0:
 			return k, syscall.Errno(-s.Res)
 		case (s.Op == StepWrite || s.Op == StepWritev) && s.Failed():

@@ -92,7 +92,7 @@ func (f *fakeFS) call(p *Program, s *Step) int32 {
 		case (s.How.Flags&unix.O_DIRECTORY != 0 || s.How.Flags&unix.O_CREAT != 0) && f.noDirs:
 			return -int32(unix.ENOENT)
 		}
-		if s.How.Flags&unix.O_CREAT != 0 && f.noMkdir {
+		if (s.How.Flags&unix.O_CREAT != 0 || s.role == roleDirCheck) && f.noMkdir {
 			return -int32(unix.ENOENT)
 		}
 		if s.How.Flags&unix.O_CREAT != 0 {
@@ -771,6 +771,25 @@ func TestProgramStoreFailures(t *testing.T) {
 		assert.ErrorIs(t, p.Err, syscall.ENOSPC)
 		assert.True(t, f.file == nil, "published")
 		assert.Equal(t, []StepOp{StepClose}, phases[len(phases)-1], "the file left open by the broken chain is closed")
+	})
+	t.Run("mkdir-fails-directory-there", func(t *testing.T) {
+		// A MKDIR fails (ENOENT: a level was removed and made again
+		// meanwhile) yet the check after it finds the directory, so the
+		// temporary file is created; a write then fails. The write is the
+		// cause, and the temporary file is removed: it once was the
+		// MKDIR, retried without removing the file.
+		var p Program
+		require.NoError(t, p.Start(testConfig(DurabilityNone), OpStore, key, payload, make([]byte, HeaderSize), false))
+		// Calls: OPEN (ENOENT), then MKDIR OPEN CLOSE MKDIR(4) OPEN(5, the
+		// check) CLOSE OPEN(7, the temporary file) WRITEV(8).
+		f := &fakeFS{noDirs: true, fail: map[int]int32{4: -int32(unix.ENOENT), 5: 0, 7: 0, 8: -int32(unix.ENOSPC)}}
+		phases := f.run(t, &p)
+		require.Equal(t, StepOpen, f.calls[7])
+		require.Equal(t, StatusFailed, p.Status)
+		assert.ErrorIs(t, p.Err, syscall.ENOSPC)
+		assert.True(t, f.file == nil, "published")
+		assert.True(t, slices.ContainsFunc(phases, func(ph []StepOp) bool { return slices.Equal(ph, []StepOp{StepUnlink}) }),
+			"the temporary file is removed: %v", phases)
 	})
 	t.Run("directory-vanished-retries", func(t *testing.T) {
 		cfg := testConfig(DurabilityNone)
