@@ -40,7 +40,9 @@
 // with loads on tmpfs (EngineInfo.LoadsSync). What an operation does on disk is blockstore's
 // Program, which both engines execute (io_uring: one SQE per step); above
 // the IO they share request bookkeeping, lookup sharing (one kernel
-// operation per key in flight, whatever the number of requests asking), the
+// operation per key in flight, whatever the number of requests asking,
+// and none shared across a store or delete of the key: a lookup submitted
+// after its Result starts its own), the
 // lookup cache, deadlines and the circuit breaker. So their semantics are
 // the same by construction. An engine that fails (a ring the kernel stops
 // accepting) fails the tier with ErrBroken, never the process.

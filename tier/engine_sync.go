@@ -127,6 +127,9 @@ func (p *syncPool) worker() {
 	for i := range p.work {
 		o := &p.ops[i]
 		o.status, o.err = p.run(&prog[0], o, hdr)
+		if poolRan != nil {
+			poolRan(o)
+		}
 		p.done <- i
 		if p.notify != nil {
 			p.notify()
@@ -138,6 +141,10 @@ func (p *syncPool) worker() {
 // op's program, with whether the pool is an io_uring engine's (the one
 // whose workers notify an owner).
 var poolRun func(o *op, uring bool)
+
+// poolRan, when set (by tests), is called by a worker once an op's
+// program has its outcome, before the owner learns of it.
+var poolRan func(o *op)
 
 // run executes o's program: one namespace directory for all its phases,
 // unless a store finds it gone.

@@ -2,6 +2,7 @@ package tier
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -106,4 +107,56 @@ func TestLookupCacheLoadEndsAfterDelete(t *testing.T) {
 	require.Equal(t, []Status{StatusMissing}, lookup, "lookup of a deleted block (both Results polled)")
 	require.Equal(t, []Status{StatusStored}, store, "store of a deleted block")
 	require.NoError(t, err, "the block a store reported there")
+}
+
+// TestLookupAfterChangeStartsItsOwn: a lookup submitted once a store or a
+// delete of its key has its Result does not share the answer of a lookup
+// that looked before the change and is still in flight. It once did: the
+// deleted block was reported Found, the stored one Missing.
+func TestLookupAfterChangeStartsItsOwn(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		before Status // what the lookup in flight finds
+		change func(tr *Tier, req uint64) error
+		after  Status
+	}{
+		{"delete", StatusFound, func(tr *Tier, req uint64) error { return tr.Delete(req, testKeys(0)) }, StatusMissing},
+		{"store", StatusMissing, func(tr *Tier, req uint64) error { return tr.Store(req, testKeys(0), [][]byte{testPayload(0)}) }, StatusFound},
+	} {
+		for _, ttl := range []time.Duration{-1, time.Minute} {
+			t.Run(fmt.Sprintf("%s/cache=%v", tc.name, ttl > 0), func(t *testing.T) {
+				lookupAfterChange(t, ttl, tc.before, tc.after, tc.change)
+			})
+		}
+	}
+}
+
+func lookupAfterChange(t *testing.T, ttl time.Duration, before, after Status, change func(tr *Tier, req uint64) error) {
+	held, release := make(chan struct{}), make(chan struct{})
+	var once atomic.Bool
+	poolRan = func(o *op) {
+		if o.kind == OpLookup && once.CompareAndSwap(false, true) {
+			close(held)
+			<-release
+		}
+	}
+	t.Cleanup(func() { poolRan = nil })
+	tr := openTier(t, EngineSync, t.TempDir(), func(o *Options) { o.Rings, o.LookupCacheTTL = 1, ttl })
+	if before == StatusFound {
+		put(t, tr, 0)
+	}
+	require.NoError(t, tr.Lookup(1, testKeys(0)))
+	select {
+	case <-held: // the lookup has its answer; the owner does not know it yet
+	case <-time.After(5 * time.Second):
+		t.Fatal("the lookup did not run")
+	}
+	require.NoError(t, change(tr, 2))
+	require.NotEqual(t, StatusFailed, await(t, tr, 2)[2].Keys[0].Status)
+	require.NoError(t, tr.Lookup(3, testKeys(0)))
+	time.Sleep(10 * time.Millisecond) // the owner takes lookup 3 in
+	close(release)
+	got := await(t, tr, 1, 3)
+	require.Equal(t, []Status{before}, statuses(got[1]), "the lookup that looked before the change")
+	require.Equal(t, []Status{after}, statuses(got[3]), "the lookup submitted after the change's Result")
 }

@@ -731,8 +731,16 @@ func earliest(a, b time.Time) time.Time {
 func (s *shard) finish(j int32, now time.Time) {
 	o := &s.ops[j]
 	s.counts.latency[o.kind].Record(now.Sub(o.started))
-	if o.kind == OpLookup {
+	switch {
+	case o.kind == OpLookup:
 		s.lookups.remove(o.hash, j)
+	case o.status == StatusStored || o.status == StatusDeleted:
+		// This op changed what is at the key's path: a lookup of the key
+		// in flight may have looked before, and a lookup that comes after
+		// this op's Result must not share its answer.
+		if l, ok := s.lookups.get(o.hash); ok && bytes.Equal(s.ops[l].keyBytes(), o.keyBytes()) {
+			s.lookups.remove(o.hash, l)
+		}
 	}
 	if o.canceled && o.status == StatusFailed {
 		// Canceled (by Cancel or Close) and failed: the cancel is the
