@@ -99,5 +99,6 @@ func aligned(b []byte) bool {
 }
 
 // InvalidateLookups empties the lookup cache, for a caller that changed the
-// directory behind the tier's back.
+// directory behind the tier's back. Lookups submitted after it neither
+// share an op that started before it nor meet what such ops learn.
 func (t *Tier) InvalidateLookups() { t.cacheEpoch.Add(1) }

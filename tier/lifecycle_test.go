@@ -160,3 +160,52 @@ func lookupAfterChange(t *testing.T, ttl time.Duration, before, after Status, ch
 	require.Equal(t, []Status{before}, statuses(got[1]), "the lookup that looked before the change")
 	require.Equal(t, []Status{after}, statuses(got[3]), "the lookup submitted after the change's Result")
 }
+
+// TestInvalidateLookupsInFlight: a lookup that looked before
+// InvalidateLookups and ends after it neither answers a lookup submitted
+// after the call nor leaves its answer in the emptied cache. Another
+// process stores the block between the look and the call. It once did
+// both: the stored block was reported Missing.
+func TestInvalidateLookupsInFlight(t *testing.T) {
+	for _, join := range []bool{false, true} {
+		t.Run(fmt.Sprintf("submitted-while-in-flight=%v", join), func(t *testing.T) {
+			held, release := make(chan struct{}), make(chan struct{})
+			var once atomic.Bool
+			poolRan = func(o *op) {
+				if o.kind == OpLookup && once.CompareAndSwap(false, true) {
+					close(held)
+					<-release
+				}
+			}
+			t.Cleanup(func() { poolRan = nil })
+			dir := t.TempDir()
+			tr := openTier(t, EngineSync, dir, func(o *Options) { o.Rings, o.LookupCacheTTL = 1, time.Minute })
+			other := openTier(t, EngineSync, dir, func(o *Options) { o.LookupCacheTTL = -1 })
+			require.NoError(t, tr.Lookup(1, testKeys(0)))
+			select {
+			case <-held:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the lookup did not run")
+			}
+			put(t, other, 0)
+			tr.InvalidateLookups()
+			if join {
+				require.NoError(t, tr.Lookup(3, testKeys(0)))
+				time.Sleep(10 * time.Millisecond) // the owner takes lookup 3 in
+				close(release)
+				got := await(t, tr, 1, 3)
+				require.Equal(t, []Status{StatusMissing}, statuses(got[1]), "the lookup that looked before the store")
+				require.Equal(t, []Status{StatusFound}, statuses(got[3]), "the lookup submitted after InvalidateLookups")
+				return
+			}
+			// The owner takes a request in, and so learns of the call,
+			// before the lookup in flight ends.
+			require.NoError(t, tr.Lookup(2, testKeys(1)))
+			require.Equal(t, []Status{StatusMissing}, statuses(await(t, tr, 2)[2]))
+			close(release)
+			require.Equal(t, []Status{StatusMissing}, statuses(await(t, tr, 1)[1]), "the lookup that looked before the store")
+			require.NoError(t, tr.Lookup(3, testKeys(0)))
+			require.Equal(t, []Status{StatusFound}, statuses(await(t, tr, 3)[3]), "the lookup submitted after InvalidateLookups")
+		})
+	}
+}

@@ -51,6 +51,7 @@ type op struct {
 	waiters   []waiter  // requests waiting for this op's outcome
 	deadline  time.Time // earliest waiter deadline
 	started   time.Time
+	epoch     uint64 // the shard's cacheEpoch when the op started
 	inUse     bool
 	abandoned bool // every waiter timed out: stuck until the kernel answers
 	canceled  bool // cancel was asked of the backend
@@ -569,18 +570,23 @@ func (s *shard) startKey(r *request, i int, now time.Time) bool {
 			}
 		}
 	}
-	taken := false // an op in flight looks up a key of the same hash
+	taken := false // an op in flight looks up another key of the same hash
 	if r.op == OpLookup {
-		var j int32
-		if j, taken = s.lookups.get(h); taken && bytes.Equal(s.ops[j].keyBytes(), key) {
+		if j, ok := s.lookups.get(h); ok {
 			o := &s.ops[j]
-			o.waiters = append(o.waiters, waiter{r, int32(i)})
-			if r.deadline.Before(o.deadline) {
-				o.deadline = r.deadline
-				s.opDeadline = earliest(s.opDeadline, o.deadline)
+			same := bytes.Equal(o.keyBytes(), key)
+			if same && o.epoch == s.cacheEpoch {
+				o.waiters = append(o.waiters, waiter{r, int32(i)})
+				if r.deadline.Before(o.deadline) {
+					o.deadline = r.deadline
+					s.opDeadline = earliest(s.opDeadline, o.deadline)
+				}
+				s.t.stats.shared.Add(1)
+				return true
 			}
-			s.t.stats.shared.Add(1)
-			return true
+			// One that started before InvalidateLookups gives its place
+			// in the index to this key's new op.
+			taken = !same
 		}
 	}
 	if r.op == OpStore && s.t.full(now) {
@@ -615,7 +621,7 @@ func (s *shard) startKey(r *request, i int, now time.Time) bool {
 		o.buf, o.holder = r.bufs[i], r
 	}
 	o.waiters = append(o.waiters[:0], waiter{r, int32(i)})
-	o.deadline, o.started = r.deadline, now
+	o.deadline, o.started, o.epoch = r.deadline, now, s.cacheEpoch
 	s.counts.queueWait[r.op].Record(now.Sub(r.submitted))
 	s.opDeadline = earliest(s.opDeadline, o.deadline)
 	o.inUse, o.abandoned, o.canceled, o.probe = true, false, false, probe
@@ -832,6 +838,9 @@ func (s *shard) remember(o *op, now time.Time) {
 	if o.kind == OpLookup || o.kind == OpLoad {
 		now = o.started
 	}
+	if o.epoch != s.cacheEpoch {
+		return // it started before InvalidateLookups: what it learned may be what the caller undid
+	}
 	e := cacheEntry{key: o.key, keyLen: o.keyLen, found: found, at: int64(now.Sub(s.epoch))}
 	home := s.t.shards[o.hash%uint64(len(s.t.shards))]
 	if home == s {
@@ -843,7 +852,7 @@ func (s *shard) remember(o *op, now time.Time) {
 	e.at = int64(now.Sub(home.epoch))
 	home.mu.Lock()
 	if len(home.learned) < learnedMax {
-		home.learned = append(home.learned, learnedEntry{e, o.hash, s.t.cacheEpoch.Load()})
+		home.learned = append(home.learned, learnedEntry{e, o.hash, o.epoch})
 	}
 	home.mu.Unlock()
 }
