@@ -45,6 +45,8 @@ func code(err error) C.int {
 		return C.UT_EARG
 	case errors.Is(err, errRange):
 		return C.UT_ERANGE
+	case errors.Is(err, tier.ErrBroken):
+		return C.UT_EBROKEN
 	}
 	return C.UT_EIO
 }
@@ -87,9 +89,10 @@ func _() {
 // tier.Status.OK.
 func okStatus(s int) bool { return C.ut__ok_status(C.int(s)) != 0 }
 
-// utEOptions and utEIO are UT_EOPTIONS and UT_EIO for the tests, which
-// cannot use cgo.
+// utEOptions, utEIO and utEBroken are UT_EOPTIONS, UT_EIO and UT_EBROKEN
+// for the tests, which cannot use cgo.
 const (
 	utEOptions = int(C.UT_EOPTIONS)
 	utEIO      = int(C.UT_EIO)
+	utEBroken  = int(C.UT_EBROKEN)
 )

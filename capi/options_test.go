@@ -2,9 +2,11 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
+	"syscall"
 	"testing"
 	"time"
 
@@ -234,4 +236,13 @@ func TestDefaultRings(t *testing.T) {
 		require.NoError(t, free(h))
 		require.Equal(t, tc.want, got, tc.options)
 	}
+}
+
+// TestCodeOfBrokenEngine: a tier whose engine failed answers submits with
+// ErrBroken, which is UT_EBROKEN; it was UT_EIO, which the header gives to
+// ut_open alone.
+func TestCodeOfBrokenEngine(t *testing.T) {
+	err := fmt.Errorf("%w: io_uring_enter: %w", tier.ErrBroken, syscall.EBADF)
+	require.Equal(t, utEBroken, int(code(err)))
+	require.NotEqual(t, utEIO, utEBroken)
 }

@@ -79,6 +79,8 @@ const char *ut_strerror(int code) {
 		return "uringtier: a waiting result has more keys than the status array holds";
 	case UT_EARG:
 		return "uringtier: NULL pointer or impossible length";
+	case UT_EBROKEN:
+		return "uringtier: the IO engine failed; close and reopen the tier";
 	}
 	return "uringtier: unknown error code";
 }

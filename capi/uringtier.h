@@ -91,6 +91,8 @@ enum ut_error {
 	UT_EIO = -8,      /* ut_open: the directory or the engine could not be set up */
 	UT_ERANGE = -9,   /* ut_poll: a waiting result has more keys than status_cap */
 	UT_EARG = -10,    /* a NULL pointer or impossible length where one is required */
+	UT_EBROKEN = -11, /* a submit: the engine failed (an io_uring instance the kernel stopped accepting); every
+	                   * later submit fails so too and keys in flight end UT_FAILED: close and reopen the tier */
 };
 
 /* What a request did (ut_result.op). */
@@ -224,7 +226,8 @@ int ut_open(const char *dir, const char *options, ut_tier *out);
 
 /*
  * Submits. Each returns at once: UT_OK (queued: exactly one result will
- * follow), UT_EBUSY, UT_ECLOSED, UT_EINVAL, UT_EHANDLE or UT_EARG.
+ * follow), UT_EBUSY, UT_ECLOSED, UT_EINVAL, UT_EHANDLE, UT_EARG or
+ * UT_EBROKEN.
  *
  * Keys are n byte strings of 8 to 64 bytes each, concatenated in keys
  * (keys_size bytes in all). key_sizes gives each key's size; if it is NULL,

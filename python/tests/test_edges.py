@@ -4,11 +4,13 @@ ut_close and ut_free from several threads while a hung filesystem holds a close.
 from __future__ import annotations
 
 import ctypes
+import re
 import subprocess
 import sys
 import threading
 import time
 import unittest
+from pathlib import Path
 
 import uringtier
 from uringtier import Status, _lib
@@ -182,3 +184,24 @@ class Hung(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ErrorCodes(unittest.TestCase):
+    def test_every_code_has_its_exception(self) -> None:
+        """Each error code of uringtier.h has a message and raises its own exception class; a tier
+        whose engine failed once raised OpenError ("could not set up the directory") from a
+        submit."""
+        header = (Path(__file__).resolve().parents[2] / "capi" / "uringtier.h").read_text()
+        enum = header[header.index("enum ut_error {") : header.index("};", header.index("enum ut_error {"))]
+        codes = {name: int(value) for name, value in re.findall(r"UT_(E[A-Z]+) = (-\d+)", enum)}
+        self.assertIn("EBROKEN", codes)
+        lib = _lib.load()
+        for name, code in codes.items():
+            with self.subTest(code=name):
+                self.assertEqual(getattr(_lib, name), code, "the package's constant")
+                self.assertNotIn(b"unknown", lib.ut_strerror(code))
+                if name != "ERANGE":  # Tier.poll sizes its status array for the largest request
+                    self.assertIn(code, _lib._ERRORS)
+                    self.assertEqual(lib.error(code).code, code)
+        self.assertIsInstance(lib.error(codes["EBROKEN"]), uringtier.BrokenError)
+        self.assertNotIsInstance(lib.error(codes["EBROKEN"]), uringtier.OpenError)

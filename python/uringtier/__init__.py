@@ -21,6 +21,7 @@ in the children).
 __version__ = "0.1.0"
 
 from .errors import (
+    BrokenError,
     BusyError,
     ClosedError,
     ForkedError,
@@ -50,5 +51,6 @@ __all__ = [
     "StuckError",
     "ForkedError",
     "OpenError",
+    "BrokenError",
     "LibraryNotFoundError",
 ]

@@ -21,6 +21,7 @@ import threading
 from ctypes import POINTER, c_char_p, c_int, c_int64, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p
 
 from .errors import (
+    BrokenError,
     BusyError,
     ClosedError,
     ForkedError,
@@ -38,7 +39,7 @@ LIBRARY_ENV = "URINGTIER_LIBRARY"
 ABI_VERSION = 2  # UT_ABI_VERSION in uringtier.h
 
 # Error codes (enum ut_error).
-EBUSY, ECLOSED, EINVAL, EOPTIONS, EHANDLE, ESTUCK, EFORK, EIO, ERANGE, EARG = range(-1, -11, -1)
+EBUSY, ECLOSED, EINVAL, EOPTIONS, EHANDLE, ESTUCK, EFORK, EIO, ERANGE, EARG, EBROKEN = range(-1, -12, -1)
 
 _ERRORS: dict[int, type[UringTierError]] = {
     EBUSY: BusyError,
@@ -50,6 +51,7 @@ _ERRORS: dict[int, type[UringTierError]] = {
     EFORK: ForkedError,
     EIO: OpenError,
     EARG: InvalidRequestError,
+    EBROKEN: BrokenError,
 }
 
 

@@ -11,6 +11,7 @@ __all__ = [
     "StuckError",
     "ForkedError",
     "OpenError",
+    "BrokenError",
     "LibraryNotFoundError",
 ]
 
@@ -73,6 +74,13 @@ class OpenError(UringTierError, OSError):
     unusable, say); the message says why."""
 
     code = -8
+
+
+class BrokenError(UringTierError, OSError):
+    """The tier's IO engine failed (an io_uring instance the kernel stopped accepting): keys in flight
+    end Status.FAILED and every later submit raises this. Close the tier and open a new one."""
+
+    code = -11
 
 
 class LibraryNotFoundError(UringTierError, ImportError):
