@@ -250,3 +250,34 @@ func TestVerifyNotRegular(t *testing.T) {
 		})
 	}
 }
+
+// TestDeleteSymlinkedFanout plants a symlink to another tree in place of a
+// fan-out directory, the other tree holding a file at the block's path
+// beneath it: Delete reports the block missing and removes nothing there
+// (it once unlinked the other tree's file through the link).
+func TestDeleteSymlinkedFanout(t *testing.T) {
+	key := testKey(0, 32)
+	top := fmt.Sprintf("%02x", key[0])
+	leaf := filepath.Join(top, fmt.Sprintf("%02x", key[1]))
+	for _, link := range []string{top, leaf} {
+		t.Run(link, func(t *testing.T) {
+			s := openTestStore(t, Options{})
+			nsDir, err := s.NamespaceDir("ns")
+			require.NoError(t, err)
+			require.NoError(t, s.Put("ns", key, []byte("mine")))
+			outside := t.TempDir()
+			rel, err := filepath.Rel(filepath.Join(nsDir, link), filepath.Join(nsDir, string(FanoutLayout{}.AppendPath(nil, key))))
+			require.NoError(t, err)
+			victim := filepath.Join(outside, rel)
+			require.NoError(t, os.MkdirAll(filepath.Dir(victim), 0o755))
+			require.NoError(t, os.WriteFile(victim, []byte("someone else's"), 0o644))
+			require.NoError(t, os.RemoveAll(filepath.Join(nsDir, link)))
+			require.NoError(t, os.Symlink(outside, filepath.Join(nsDir, link)))
+
+			require.ErrorIs(t, s.Delete("ns", key), fs.ErrNotExist)
+			b, err := os.ReadFile(victim)
+			require.NoError(t, err, "Delete removed a file through the link")
+			assert.Equal(t, "someone else's", string(b))
+		})
+	}
+}

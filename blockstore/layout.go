@@ -19,7 +19,8 @@ type Layout interface {
 	// AppendPath appends the block file's path for key to dst.
 	AppendPath(dst, key []byte) []byte
 	// AppendDir appends the directory holding key's block file to dst
-	// ("" if it is the namespace directory itself).
+	// ("" if it is the namespace directory itself); AppendPath's path is
+	// that directory, '/' and a name.
 	AppendDir(dst, key []byte) []byte
 	// AppendTempPath appends a temporary path in key's final directory to
 	// dst, unique per process and token, recognised by IsTempPath.

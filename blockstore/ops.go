@@ -387,15 +387,39 @@ func (s *Store) Has(ns string, key []byte) (bool, error) {
 
 // Delete removes block key from namespace ns. Deleting a missing block is
 // an error for which errors.Is(err, fs.ErrNotExist) holds, as for os.Remove.
+// It runs the delete program: the unlink happens beneath the block's
+// directory, opened without following a link, so a link planted in place
+// of a fan-out directory makes the block missing, not someone else's file
+// removed.
 func (s *Store) Delete(ns string, key []byte) error {
-	p, err := s.blockPath(ns, key)
+	path, err := s.blockPath(ns, key)
 	if err != nil {
 		return err
 	}
-	if err := ignoringEINTR(func() error { return unix.Unlink(p) }); err != nil {
-		return &fs.PathError{Op: "delete", Path: p, Err: err}
+	cfg := s.programConfig(ns)
+	dirfd, err := openFile(cfg.Dir, unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return &fs.PathError{Op: "delete", Path: path, Err: err}
 	}
-	return nil
+	defer unix.Close(dirfd)
+	p := programPool.Get().(*Program)
+	defer programPool.Put(p)
+	if err := p.Start(cfg, OpDelete, key, nil, nil, false); err != nil {
+		return err
+	}
+	for {
+		p.RunSync(dirfd)
+		if p.Judge() {
+			break
+		}
+	}
+	switch p.Status {
+	case StatusDeleted:
+		return nil
+	case StatusMissing:
+		return &fs.PathError{Op: "delete", Path: path, Err: unix.ENOENT}
+	}
+	return p.Err
 }
 
 // BlockInfo describes a block file, from its metadata only.

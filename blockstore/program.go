@@ -35,8 +35,8 @@ import (
 //	        payload did: OPEN ─ READ past the block's end ═ [READ header ─] READ payload ─ … ─ CLOSE
 //	        then for a short read: READ the rest ─ … ─ CLOSE; for an open or read that fails
 //	        oddly or a file shorter than the format's least (a header; a raw block): STATX
-//	        (what is there?); for a corrupt block, as Config.Corrupt says: RENAME into
-//	        quarantine, or UNLINK it, or nothing; for ESTALE on the open or a read, or ENOENT
+//	        (what is there?); for a corrupt block, as Config.Corrupt says: OPEN its directory,
+//	        then RENAME into quarantine, or UNLINK it, beneath that ═ CLOSE, or nothing; for ESTALE on the open or a read, or ENOENT
 //	        on a read (another host replaced or removed the file: NFS, GlusterFS): [CLOSE,
 //	        then] the first phase again, once, then missing
 //	store:  [raw: STATX block, then nothing more if a block of the right size is there]
@@ -46,7 +46,8 @@ import (
 //	        not a directory or a link; for a block bigger than one write: [WRITE header ─]
 //	        WRITE payload ─ …; then for a short write: WRITE the rest ─ … ─ CLOSE ─ RENAME; on failure: UNLINK tmp;
 //	        for DurabilityFull: OPEN dir ─ FSYNC ═ CLOSE for the block's directory (and its parents if created or not known)
-//	delete: UNLINK block (a reader that opened it first reads it whole: the file lives until closed)
+//	delete: OPEN the block's directory, then UNLINK block beneath it ═ CLOSE (a reader that opened
+//	        the block first reads it whole: the file lives until closed)
 //	(─ LinkOnSuccess, ═ LinkAlways; [header] in the framed format only)
 //
 // The READ past the block's end finds nothing in a valid block file: it is
@@ -58,7 +59,12 @@ import (
 // so a FIFO at a block path reads as empty instead of blocking; whatever
 // is not a regular file there is corrupt. MKDIR follows links on the way,
 // so the store opens each directory it makes without following links: a
-// link there stops the chain before anything is made beneath it.
+// link there stops the chain before anything is made beneath it. UNLINK
+// and RENAME follow links on the way too, and io_uring gives them no fixed
+// file: a delete and a load's disposal of a corrupt block first open the
+// block's directory into an ordinary descriptor (a Keep step) and act on
+// the file's name beneath it, so a link planted in place of a directory
+// makes the block missing instead of someone else's file removed or moved.
 
 // Op is what a Program does.
 type Op uint8
@@ -77,15 +83,15 @@ type StepOp uint8
 // Step operations: each is one system call, and one io_uring opcode.
 const (
 	StepStatx  StepOp = iota // statx(dir, Path, AT_SYMLINK_NOFOLLOW|AT_STATX_DONT_SYNC, TYPE|SIZE, &Stx)
-	StepOpen                 // openat2(dir, Path, How): the program's file
+	StepOpen                 // openat2(dir, Path, How): the program's file (with Keep, its directory's descriptor)
 	StepRead                 // pread(file, Buf, Off)
 	StepReadv                // preadv(file, Vec, Off)
 	StepWrite                // pwrite(file, Buf, Off)
 	StepFsync                // fdatasync(file), or fsync for a directory
-	StepClose                // close(file)
+	StepClose                // close(file) (with Keep, of the directory's descriptor)
 	StepMkdir                // mkdirat(dir, Path, 0755)
-	StepRename               // renameat(dir, Path, dir or AT_FDCWD when Abs2, Path2)
-	StepUnlink               // unlinkat(dir, Path, 0)
+	StepRename               // renameat(dir, Path, dir or AT_FDCWD when Abs2, Path2); with AtDir, from DirFD
+	StepUnlink               // unlinkat(dir, Path, 0); with AtDir, unlinkat(DirFD, Path, 0)
 	StepWritev               // pwritev(file, Vec, Off)
 )
 
@@ -126,6 +132,7 @@ const (
 	roleExists // a raw store's STATX of the block: is one there already
 	roleRemove // a load's UNLINK of a corrupt block (CorruptRemove)
 	roleDelete // a delete's UNLINK of the block
+	roleLeaf   // the open of the block's directory, for an UNLINK or RENAME of the block in it
 )
 
 // Step is one system call of a program's phase. The executor fills Res;
@@ -144,6 +151,15 @@ type Step struct {
 	// empties such slots when it goes idle: a linked CLOSE would cost a
 	// request and a completion per lookup.
 	Probe bool
+	// Keep marks the open of the block's directory into an ordinary
+	// descriptor (its result), which the program keeps in DirFD for the
+	// next phase's steps with AtDir, and the close of that descriptor.
+	// An UNLINK or RENAME follows links on the way to the last component
+	// and takes no fixed file in io_uring: run beneath a directory that
+	// an open which follows no link found, it cannot act outside the
+	// namespace directory, whatever stands in place of a directory since.
+	Keep  bool
+	AtDir bool         // Path is relative to DirFD (the base name of the block), not to the namespace directory
 	Buf   []byte       // a read's or write's memory
 	Vec   []unix.Iovec // a vectored read's or write's memory, in the program's memory
 	Off   int64        // a read's or write's file offset
@@ -151,6 +167,15 @@ type Step struct {
 	Data  bool         // an FSYNC of file data only (fdatasync): the file is new, its size is data
 	role  role
 	dir   uint16 // a MKDIR's or directory FSYNC's path: its offset in the program's dirs
+}
+
+// At returns the directory descriptor s's Path resolves beneath: p's
+// DirFD for an AtDir step, else dir (the namespace directory's).
+func (s *Step) At(p *Program, dir int) int {
+	if s.AtDir {
+		return p.DirFD
+	}
+	return dir
 }
 
 // Failed reports whether the step did not succeed in full: an error, or
@@ -237,6 +262,7 @@ const (
 	phaseExists
 	phaseRemove
 	phaseWalk // a lookup by open that the dentry cache could not answer: STATX
+	phaseLeaf // before an UNLINK or RENAME of the block: open its directory (Keep)
 )
 
 // DirCache remembers which of a namespace's directories exist, so a store
@@ -302,6 +328,7 @@ type Program struct {
 	DirHow   unix.OpenHow // a store's directory checks, submitted with its open
 	Key      [KeySizeMax]byte
 	KeyLen   uint8
+	DirFD    int // the block's directory, opened by a Keep step: AtDir steps resolve beneath it
 
 	progress // reset by Start; the buffers below are written before they are read
 
@@ -322,6 +349,8 @@ type progress struct {
 	direct   bool
 	phase    phase
 	fileOpen bool
+	dirOpen  bool          // DirFD is open
+	leafNext phase         // the phase the block's directory was opened for
 	created  bool          // a store made directories (their parents need a sync for DurabilityFull)
 	unseen   bool          // a store's directory was not known when it began: maybe new, its creator's sync of its parents not yet run
 	retried  bool          // a store already recreated its directories once; a load already met a stale file once
@@ -451,6 +480,9 @@ func (c *Config) Check() error {
 		return fmt.Errorf("%w: the layout's %d directory levels need %d steps in a phase, more than %d", ErrInvalidOptions, levels, store, StepsMax)
 	case c.corrupt() == CorruptQuarantine && quarantine >= quarantinePathMax:
 		return fmt.Errorf("%w: quarantine paths of %d bytes, more than %d", ErrInvalidOptions, quarantine, quarantinePathMax-1)
+	case len(dir) > 0 && (!bytes.HasPrefix(path, dir) || path[len(dir)] != '/' || bytes.IndexByte(path[len(dir)+1:], '/') >= 0),
+		len(dir) == 0 && bytes.IndexByte(path, '/') >= 0:
+		return fmt.Errorf("%w: the layout's path %q is not a name in its directory %q", ErrInvalidOptions, path, dir)
 	}
 	return nil
 }
@@ -464,6 +496,7 @@ func (c *Config) Check() error {
 func (p *Program) Start(cfg *Config, op Op, key, buf, hdr []byte, direct bool) error {
 	p.Op, p.N, p.Status, p.Err, p.Canceled, p.Renew = op, 0, StatusPending, nil, false, false
 	p.progress = progress{cfg: cfg, buf: buf, hdr: hdr, direct: direct, fd: -1}
+	p.DirFD = -1
 	if len(hdr) >= ScratchSize {
 		p.hdr, p.past = hdr[:HeaderSize:HeaderSize], hdr[HeaderSize:ScratchSize:ScratchSize]
 	}
@@ -501,7 +534,18 @@ func (p *Program) lay() {
 	p.N = 0
 	switch {
 	case p.phase == phaseClose:
-		p.add(StepClose, roleClose, LinkNone)
+		if p.fileOpen {
+			p.add(StepClose, roleClose, LinkNone)
+		}
+		if p.dirOpen {
+			p.add(StepClose, roleClose, LinkNone).Keep = true
+		}
+	case p.phase == phaseLeaf:
+		// O_PATH: the directory is only a place to resolve beneath.
+		dir := append(p.cfg.Layout.AppendDir(p.dirs[:0], p.KeyBytes()), 0)
+		p.DirHow = unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: ResolveBeneath}
+		s := p.add(StepOpen, roleLeaf, LinkNone)
+		s.Path, s.How, s.Keep = &dir[0], &p.DirHow, true
 	case p.Op == OpLookup && p.cfg.LookupByOpen && p.phase == phaseMain:
 		p.How = unix.OpenHow{Flags: unix.O_PATH, Resolve: ResolveBeneath}
 		if p.cfg.LookupCachedFirst {
@@ -568,12 +612,14 @@ func (p *Program) lay() {
 	case p.Op == OpLoad && p.phase == phaseType:
 		p.add(StepStatx, roleType, LinkNone).Path = &p.path[0]
 	case p.Op == OpLoad && p.phase == phaseQuarantine:
-		s := p.add(StepRename, roleQuarantine, LinkNone)
-		s.Path, s.Path2, s.Abs2 = &p.path[0], &p.qpath[0], true
+		s := p.inLeaf(StepRename, roleQuarantine)
+		s.Path2, s.Abs2 = &p.qpath[0], true
 	case p.Op == OpLoad && p.phase == phaseRemove:
-		p.add(StepUnlink, roleRemove, LinkNone).Path = &p.path[0]
+		p.inLeaf(StepUnlink, roleRemove)
+	case p.Op == OpDelete && p.phase == phaseMain:
+		p.viaLeaf(phaseRemove)
 	case p.Op == OpDelete:
-		p.add(StepUnlink, roleDelete, LinkNone).Path = &p.path[0]
+		p.inLeaf(StepUnlink, roleDelete)
 	case p.Op == OpStore && p.phase == phaseExists:
 		p.layExists()
 	case p.Op == OpStore && p.phase == phaseMain:
@@ -588,6 +634,52 @@ func (p *Program) lay() {
 		panic(fmt.Sprintf("blockstore: no phase %d for op %d", p.phase, p.Op))
 	}
 	p.Steps[p.N-1].Link = LinkNone
+}
+
+// viaLeaf lays out phase ph, an UNLINK or RENAME of the block, after, in
+// a layout with directories, a phase that opens the block's directory.
+func (p *Program) viaLeaf(ph phase) {
+	p.phase, p.leafNext = ph, ph
+	if len(p.cfg.Layout.AppendDir(p.dirs[:0], p.KeyBytes())) > 0 && !p.dirOpen {
+		p.phase = phaseLeaf
+	}
+	p.lay()
+}
+
+// inLeaf adds step op on the block: by its base name beneath DirFD, then
+// DirFD's close, when a phase opened the block's directory; else by its
+// path beneath the namespace directory (a layout without directories).
+func (p *Program) inLeaf(op StepOp, r role) *Step {
+	s := p.add(op, r, LinkAlways)
+	s.Path = &p.path[0]
+	if p.dirOpen {
+		n := len(p.cfg.Layout.AppendDir(p.dirs[:0], p.KeyBytes()))
+		s.Path, s.AtDir = &p.path[n+1], true
+		p.add(StepClose, roleClose, LinkNone).Keep = true
+	}
+	return s
+}
+
+// judgeLeaf judges the open of the block's directory: on to the phase it
+// was opened for, or, if it could not be opened, the outcome.
+func (p *Program) judgeLeaf() bool {
+	r := p.Steps[0].Res
+	switch {
+	case r >= 0:
+		p.next(p.leafNext)
+		return false
+	case p.Op == OpDelete && (r == -int32(unix.ENOENT) || r == -int32(unix.ESTALE) || r == -int32(unix.ELOOP)):
+		// No block there for us; a link in place of a directory (ELOOP)
+		// leads elsewhere, as for a lookup.
+		return p.decide(StatusMissing, nil)
+	case p.Op == OpDelete:
+		return p.decide(StatusFailed, p.pathError(StepOpen, p.dirs[:], syscall.Errno(-r)))
+	}
+	p.disposal, p.dispErr = CorruptQuarantine, syscall.Errno(-r)
+	if p.leafNext == phaseRemove {
+		p.disposal = CorruptRemove
+	}
+	return p.decide(p.Status, p.Err)
 }
 
 // layChunks adds reads or writes (op) of the payload from payDone, at most
@@ -617,11 +709,18 @@ func (p *Program) Judge() bool {
 	for k := range p.N {
 		s := &p.Steps[k]
 		switch {
+		case s.Op == StepOpen && s.Res >= 0 && s.Keep:
+			p.DirFD, p.dirOpen = int(s.Res), true
+		case s.Op == StepClose && s.Res != -int32(unix.ECANCELED) && s.Keep:
+			p.DirFD, p.dirOpen = -1, false
 		case s.Op == StepOpen && s.Res >= 0 && !s.Probe:
 			p.fileOpen = true
 		case s.Op == StepClose && s.Res != -int32(unix.ECANCELED):
 			p.fileOpen = false // closed, or there was nothing to close
 		}
+	}
+	if p.phase == phaseLeaf {
+		return p.judgeLeaf()
 	}
 	if p.phase == phaseClose {
 		if p.reopen {
@@ -675,7 +774,7 @@ func (p *Program) Judge() bool {
 // it open.
 func (p *Program) decide(st Status, err error) bool {
 	p.Status, p.Err = st, err
-	if p.fileOpen {
+	if p.fileOpen || p.dirOpen {
 		p.next(phaseClose)
 		return false
 	}

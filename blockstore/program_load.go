@@ -189,7 +189,7 @@ func (p *Program) settleLoad() bool {
 	}
 	switch p.cfg.corrupt() {
 	case CorruptRemove:
-		p.next(phaseRemove)
+		p.viaLeaf(phaseRemove)
 		return false
 	case CorruptQuarantine:
 	default:
@@ -197,7 +197,7 @@ func (p *Program) settleLoad() bool {
 	}
 	q := fmt.Appendf(append(append(append(p.qpath[:0], p.cfg.Quarantine...), '/'), p.cfg.Namespace...), ".%x.%d", p.KeyBytes(), NewTempToken())
 	p.qpath[len(q)] = 0 // Config.Check made room
-	p.next(phaseQuarantine)
+	p.viaLeaf(phaseQuarantine)
 	return false
 }
 

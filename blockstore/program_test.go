@@ -236,22 +236,59 @@ func TestProgramDelete(t *testing.T) {
 	}{
 		{"there", []byte("x"), nil, StatusDeleted},
 		{"gone", nil, nil, StatusMissing},
-		{"stale", []byte("x"), map[int]int32{0: -int32(unix.ESTALE)}, StatusMissing},
-		{"read-only", []byte("x"), map[int]int32{0: -int32(unix.EROFS)}, StatusFailed},
+		{"stale", []byte("x"), map[int]int32{1: -int32(unix.ESTALE)}, StatusMissing},
+		{"read-only", []byte("x"), map[int]int32{1: -int32(unix.EROFS)}, StatusFailed},
+		{"unlink-interrupted", []byte("x"), map[int]int32{1: -int32(unix.EINTR), 2: -int32(unix.ECANCELED)}, StatusFailed},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var p Program
 			require.NoError(t, p.Start(testConfig(DurabilityNone), OpDelete, key, nil, nil, false))
+			leaf := p.Steps[0]
+			assert.True(t, leaf.Keep && leaf.How.Flags&unix.O_PATH != 0 && leaf.How.Resolve == ResolveBeneath, "%+v", leaf)
+			assert.Equal(t, string(FanoutLayout{}.AppendDir(nil, key)), string(cstr(unsafe.Slice(leaf.Path, PathMax))))
 			f := &fakeFS{file: c.file, fail: c.fail}
 			phases := f.run(t, &p)
-			assert.Equal(t, [][]StepOp{{StepUnlink}}, phases)
+			// The block's directory, opened without following a link;
+			// the UNLINK beneath it; its close, whatever the UNLINK did.
+			want := [][]StepOp{{StepOpen}, {StepUnlink, StepClose}}
+			if c.fail[2] != 0 {
+				want = append(want, []StepOp{StepClose}) // a close that did not run is done again
+			}
+			assert.Equal(t, want, phases)
+			assert.False(t, p.dirOpen, "the directory is closed")
 			assert.Equal(t, c.want, p.Status, "%v", p.Err)
 			if c.want == StatusDeleted {
 				assert.Nil(t, f.file, "the block is gone")
+				path := FanoutLayout{}.AppendPath(nil, key)
+				assert.True(t, p.Steps[0].AtDir && p.Steps[1].Keep)
+				assert.Equal(t, string(path[bytes.LastIndexByte(path, '/')+1:]), string(cstr(unsafe.Slice(p.Steps[0].Path, 64+5))), "the UNLINK names the file beneath its directory")
 			}
 			if c.want == StatusFailed {
-				assert.ErrorIs(t, p.Err, syscall.EROFS)
 				assert.Contains(t, p.Err.Error(), "unlinkat /ns/")
+			}
+		})
+	}
+	for _, tc := range []struct {
+		name  string
+		f     *fakeFS
+		errno syscall.Errno
+		want  Status
+	}{
+		// A link in place of a directory leads out of the namespace
+		// directory: no block of ours there, and nothing is unlinked.
+		{"symlinked-directory", &fakeFS{file: []byte("x"), dirLink: true}, syscall.ELOOP, StatusMissing},
+		{"directory-gone", &fakeFS{file: []byte("x"), noDirs: true}, syscall.ENOENT, StatusMissing},
+		{"file-in-place-of-a-directory", &fakeFS{file: []byte("x"), dirFile: true}, syscall.ENOTDIR, StatusFailed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var p Program
+			require.NoError(t, p.Start(testConfig(DurabilityNone), OpDelete, key, nil, nil, false))
+			phases := tc.f.run(t, &p)
+			assert.Equal(t, [][]StepOp{{StepOpen}}, phases, "no UNLINK")
+			assert.Equal(t, tc.want, p.Status, "%v", p.Err)
+			assert.NotNil(t, tc.f.file)
+			if tc.want == StatusFailed {
+				assert.ErrorIs(t, p.Err, tc.errno)
 			}
 		})
 	}
@@ -488,7 +525,7 @@ func TestProgramLoad(t *testing.T) {
 			require.Equal(t, StatusCorrupt, p.Status)
 			require.ErrorIs(t, p.Err, ErrCorrupt)
 			assert.Contains(t, p.Err.Error(), c.want)
-			assert.Equal(t, c.quarantine, slices.ContainsFunc(phases, func(ph []StepOp) bool { return slices.Equal(ph, []StepOp{StepRename}) }),
+			assert.Equal(t, c.quarantine, slices.ContainsFunc(phases, func(ph []StepOp) bool { return slices.Equal(ph, []StepOp{StepRename, StepClose}) }),
 				"moved to quarantine: %v", phases)
 			if c.quarantine {
 				assert.True(t, strings.HasPrefix(string(p.qpath[:]), "/q/ns."))
@@ -516,7 +553,7 @@ func TestProgramLoad(t *testing.T) {
 			require.Equal(t, StatusCorrupt, p.Status, "%v", p.Err)
 			assert.Contains(t, p.Err.Error(), c.want)
 			assert.True(t, slices.ContainsFunc(phases, func(ph []StepOp) bool { return slices.Equal(ph, []StepOp{StepStatx}) }), "a STATX looked: %v", phases)
-			assert.True(t, slices.ContainsFunc(phases, func(ph []StepOp) bool { return slices.Equal(ph, []StepOp{StepRename}) }), "quarantined: %v", phases)
+			assert.True(t, slices.ContainsFunc(phases, func(ph []StepOp) bool { return slices.Equal(ph, []StepOp{StepRename, StepClose}) }), "quarantined: %v", phases)
 		})
 	}
 	t.Run("open-einval-on-a-file", func(t *testing.T) {
@@ -573,7 +610,7 @@ func TestProgramLoadVectored(t *testing.T) {
 		p, phases := load(t, &fakeFS{file: append(append([]byte(nil), good...), 1, 2)}, FormatFramed)
 		require.Equal(t, StatusCorrupt, p.Status)
 		assert.Contains(t, p.Err.Error(), "file is 16386 bytes, header says 16384")
-		assert.Equal(t, [][]StepOp{vectored, {StepRename}}, phases, "judged from the one read, then quarantined")
+		assert.Equal(t, [][]StepOp{vectored, {StepOpen}, {StepRename, StepClose}}, phases, "judged from the one read, then quarantined")
 	})
 	t.Run("larger", func(t *testing.T) {
 		// A block larger by more than the read past the end takes: its end

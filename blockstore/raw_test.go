@@ -82,20 +82,20 @@ func TestProgramRawLoad(t *testing.T) {
 				switch a {
 				case CorruptDefault, CorruptLeave:
 					assert.False(t, disposed, "raw blocks are left in place by default")
-					assert.False(t, hasPhase(phases, StepUnlink) || hasPhase(phases, StepRename), "%v", phases)
+					assert.False(t, hasPhase(phases, StepUnlink, StepClose) || hasPhase(phases, StepRename, StepClose), "%v", phases)
 					assert.Equal(t, before, f.file, "the file was changed")
 				case CorruptRemove:
 					require.True(t, disposed)
 					assert.Equal(t, CorruptRemove, d.Action)
 					assert.NoError(t, d.Err)
 					assert.Equal(t, string(p.cfg.Layout.AppendPath(nil, key)), string(d.Rel))
-					assert.True(t, hasPhase(phases, StepUnlink), "%v", phases)
+					assert.True(t, hasPhase(phases, StepUnlink, StepClose), "%v", phases)
 					assert.Nil(t, f.file, "the file is still there")
 				case CorruptQuarantine:
 					require.True(t, disposed)
 					assert.Equal(t, CorruptQuarantine, d.Action)
 					assert.Contains(t, string(d.Dst), "/q/ns.")
-					assert.True(t, hasPhase(phases, StepRename), "%v", phases)
+					assert.True(t, hasPhase(phases, StepRename, StepClose), "%v", phases)
 				}
 			})
 		}

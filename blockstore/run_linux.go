@@ -74,6 +74,8 @@ func (p *Program) call1(dir int, s *Step) (uintptr, syscall.Errno) {
 			r, _, e = unix.Syscall6(unix.SYS_OPENAT, uintptr(dir), uintptr(unsafe.Pointer(s.Path)), uintptr(how.Flags|unix.O_NOFOLLOW), uintptr(how.Mode), 0, 0)
 		}
 		switch {
+		case e == 0 && s.Keep:
+			return r, 0 // the program keeps it (DirFD)
 		case e == 0 && s.Probe:
 			unix.Close(int(r))
 			return 0, 0
@@ -98,6 +100,9 @@ func (p *Program) call1(dir int, s *Step) (uintptr, syscall.Errno) {
 		}
 		return 0, errnoOf(unix.Fsync(p.fd))
 	case StepClose:
+		if s.Keep {
+			return 0, errnoOf(unix.Close(p.DirFD))
+		}
 		if p.fd < 0 {
 			return 0, unix.EBADF
 		}
@@ -108,14 +113,14 @@ func (p *Program) call1(dir int, s *Step) (uintptr, syscall.Errno) {
 		_, _, e := unix.Syscall(unix.SYS_MKDIRAT, uintptr(dir), uintptr(unsafe.Pointer(s.Path)), dirMode)
 		return 0, e
 	case StepRename:
-		newDir := dir
+		from, newDir := s.At(p, dir), s.At(p, dir)
 		if s.Abs2 {
 			newDir = unix.AT_FDCWD
 		}
-		_, _, e := unix.Syscall6(unix.SYS_RENAMEAT, uintptr(dir), uintptr(unsafe.Pointer(s.Path)), uintptr(newDir), uintptr(unsafe.Pointer(s.Path2)), 0, 0)
+		_, _, e := unix.Syscall6(unix.SYS_RENAMEAT, uintptr(from), uintptr(unsafe.Pointer(s.Path)), uintptr(newDir), uintptr(unsafe.Pointer(s.Path2)), 0, 0)
 		return 0, e
 	case StepUnlink:
-		_, _, e := unix.Syscall(unix.SYS_UNLINKAT, uintptr(dir), uintptr(unsafe.Pointer(s.Path)), 0)
+		_, _, e := unix.Syscall(unix.SYS_UNLINKAT, uintptr(s.At(p, dir)), uintptr(unsafe.Pointer(s.Path)), 0)
 		return 0, e
 	}
 	panic("blockstore: unknown step")

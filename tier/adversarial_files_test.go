@@ -129,7 +129,8 @@ func TestNotRegularAtBlockPath(t *testing.T) {
 
 // TestSymlinkedFanoutDir replaces a top-level fan-out directory with a
 // link to another tree's, holding a valid block: loads do not read it,
-// and stores write nothing there.
+// stores write nothing there, and a delete of the block does not remove
+// the other tree's (it once did: UNLINKAT follows links on the way).
 func TestSymlinkedFanoutDir(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, kind EngineKind) {
 		tr := openTier(t, kind, t.TempDir(), nil)
@@ -150,6 +151,10 @@ func TestSymlinkedFanoutDir(t *testing.T) {
 		for j, k := range await(t, tr, 2)[2].Keys {
 			assert.Equal(t, StatusFailed, k.Status, "store %d: %v", j, k.Err)
 		}
+		require.NoError(t, tr.Delete(3, testKeys(0)))
+		k = await(t, tr, 3)[3].Keys[0]
+		assert.Equal(t, StatusMissing, k.Status, "delete: %v", k.Err)
+		assert.FileExists(t, target)
 		assert.Equal(t, before, snapshot(t, outsideTop), "something changed through the link")
 	})
 }

@@ -71,7 +71,10 @@
 // following symlinks and without waiting (openat2 RESOLVE_BENEATH|
 // RESOLVE_NO_SYMLINKS, O_NONBLOCK): anything but a regular file at a block
 // path is StatusCorrupt, and a corrupt file is quarantined, removed or left
-// as Options.OnCorrupt says (a symlink is always left in place).
+// as Options.OnCorrupt says (a symlink is always left in place). Deletes
+// and those disposals act beneath the block's directory, opened the same
+// way: a link in place of a fan-out directory makes a delete's block
+// StatusMissing, and nothing outside the namespace directory is removed.
 //
 // # Formats and layouts
 //

@@ -443,6 +443,12 @@ func (b *uringBackend) prepare(i int32) {
 		case blockstore.StepStatx:
 			s.PrepareStatx(dir, st.Path, unix.AT_STATX_DONT_SYNC|unix.AT_SYMLINK_NOFOLLOW, unix.STATX_TYPE|unix.STATX_SIZE, &p.Stx)
 		case blockstore.StepOpen:
+			if st.Keep {
+				// An ordinary descriptor: UNLINKAT and RENAMEAT take no
+				// fixed file.
+				s.PrepareOpenat2(dir, st.Path, st.How)
+				break
+			}
 			s.PrepareOpenat2Direct(dir, st.Path, st.How, slot)
 			if st.How.Flags&unix.O_PATH == 0 {
 				// An O_RDONLY open calls the filesystem's open (FUSE_OPEN, an
@@ -464,17 +470,21 @@ func (b *uringBackend) prepare(i int32) {
 			s.PrepareFsync(int(slot), st.Data)
 			s.Flags |= uring.SQEFixedFile
 		case blockstore.StepClose:
+			if st.Keep {
+				s.PrepareClose(p.DirFD)
+				break
+			}
 			s.PrepareCloseDirect(slot)
 		case blockstore.StepMkdir:
 			s.PrepareMkdirat(dir, st.Path, 0o755)
 		case blockstore.StepRename:
-			to := dir
+			from, to := st.At(p, dir), st.At(p, dir)
 			if st.Abs2 {
 				to = unix.AT_FDCWD
 			}
-			s.PrepareRenameat(dir, st.Path, to, st.Path2, 0)
+			s.PrepareRenameat(from, st.Path, to, st.Path2, 0)
 		case blockstore.StepUnlink:
-			s.PrepareUnlinkat(dir, st.Path, 0)
+			s.PrepareUnlinkat(st.At(p, dir), st.Path, 0)
 		}
 		switch st.Link {
 		case blockstore.LinkOnSuccess:
