@@ -403,6 +403,46 @@ func BenchmarkStore(b *testing.B) {
 	}
 }
 
+// BenchmarkDelete deletes blocks in requests of 256 keys, 4 in flight, as
+// the evictor and a caller's Delete do; each iteration first stores the
+// blocks it deletes (not timed). A delete opens the block's directory and
+// unlinks beneath it (see blockstore's program): against an UNLINKAT of the
+// path alone, 4 interleaved rounds on 2 CPUs made 0.78-0.90x the keys a
+// second with one ring (59-67 k against 71-84 k), 0.76-0.96x with a ring
+// per CPU and 0.81-0.93x on the sync engine. It once made 0.27x on one ring:
+// the opens completed inline in a submit made mid-way through the batch,
+// and their next phase waited out the owner's lazyWake sleep.
+func BenchmarkDelete(b *testing.B) {
+	const batch, depth = 256, 4
+	for _, e := range ioEngines(false) {
+		b.Run(e.name, func(b *testing.B) {
+			tr := benchTier(b, b.TempDir(), e.kind, func(o *Options) {
+				o.BlockSize, o.Rings, o.NoDirect, o.LookupCacheTTL = 4096, e.rings, true, -1
+			})
+			keys := make([][]byte, depth*batch)
+			payload := make([][]byte, len(keys))
+			for i := range keys {
+				keys[i], payload[i] = testKey(2_000_000+i), make([]byte, 4096)
+			}
+			var caller time.Duration
+			req := uint64(0)
+			for b.Loop() {
+				b.StopTimer()
+				runBatches(b, tr, depth, depth, func(r uint64) error {
+					return tr.Store(req+r, keys[r*batch:(r+1)*batch], payload[r*batch:(r+1)*batch])
+				})
+				req += depth
+				b.StartTimer()
+				caller += runBatches(b, tr, depth, depth, func(r uint64) error { return tr.Delete(req+r, keys[r*batch:(r+1)*batch]) })
+				req += depth
+			}
+			n := float64(b.N * depth * batch)
+			b.ReportMetric(n/b.Elapsed().Seconds(), "keys/s")
+			b.ReportMetric(float64(caller.Nanoseconds())/n, "caller-ns/key")
+		})
+	}
+}
+
 // BenchmarkLookupCached asks the same 1,024 keys (half present) again and
 // again, as a scheduler asks about a waiting request's prefix every step:
 // the lookup cache answers (LookupCacheTTL, a minute here).

@@ -828,6 +828,13 @@ func (b *uringBackend) judged(i int32, decided bool) {
 // handed over since made 0.80-1.07. Neither is kept.
 func (b *uringBackend) wait(d time.Duration, done []int32) []int32 {
 	b.takePooled()
+	if b.broken == nil {
+		// Phases that a submit in prepare reaped (its completions came
+		// inline) go with this submit: left for the end, they waited
+		// out the sleep below, up to lazyWake, with nothing in the
+		// kernel to end it.
+		b.prepareNext()
+	}
 	switch {
 	case b.broken != nil:
 		if len(b.doneQ) == 0 {
