@@ -281,3 +281,43 @@ func TestDeleteSymlinkedFanout(t *testing.T) {
 		})
 	}
 }
+
+// TestVerifyFanoutSwapped replaces a fan-out directory with a link to
+// another tree just before Verify reads a block beneath it (as a tenant
+// could after the walk): the other tree's file at the block's path is
+// read and found corrupt, but neither removed nor quarantined, since the
+// action opens the block's directory without following links. It once
+// acted on the other tree's file by its path.
+func TestVerifyFanoutSwapped(t *testing.T) {
+	key := testKey(0, 32)
+	top := fmt.Sprintf("%02x", key[0])
+	for name, action := range map[string]VerifyAction{"remove": VerifyRemove, "quarantine": VerifyQuarantine} {
+		t.Run(name, func(t *testing.T) {
+			s := openTestStore(t, Options{})
+			require.NoError(t, s.Put("ns", key, testPayload(key, 50)))
+			nsDir, err := s.NamespaceDir("ns")
+			require.NoError(t, err)
+			outside := t.TempDir()
+			var victim string
+			s.hooks = &testHooks{beforeRead: func(path string) {
+				rel, err := filepath.Rel(filepath.Join(nsDir, top), path)
+				require.NoError(t, err)
+				victim = filepath.Join(outside, rel)
+				require.NoError(t, os.MkdirAll(filepath.Dir(victim), 0o755))
+				require.NoError(t, os.WriteFile(victim, []byte("someone else's"), 0o644))
+				require.NoError(t, os.Rename(filepath.Join(nsDir, top), filepath.Join(nsDir, "moved")))
+				require.NoError(t, os.Symlink(outside, filepath.Join(nsDir, top)))
+			}}
+			var problems []Problem
+			_, err = s.Verify("ns", action, func(p Problem) { problems = append(problems, p) })
+			require.NoError(t, err)
+			require.Len(t, problems, 1, "the read went through the link")
+			assert.NoError(t, problems[0].ActionErr)
+			assert.False(t, problems[0].Removed)
+			assert.Empty(t, problems[0].Moved)
+			b, err := os.ReadFile(victim)
+			require.NoError(t, err, "Verify removed or moved a file through the link")
+			assert.Equal(t, "someone else's", string(b))
+		})
+	}
+}

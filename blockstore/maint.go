@@ -2,12 +2,14 @@ package blockstore
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -194,7 +196,7 @@ func (s *Store) Verify(ns string, action VerifyAction, report func(Problem)) (Ve
 		case VerifyQuarantine:
 			p.Moved, p.ActionErr = s.quarantineBlock(b, ino)
 		case VerifyRemove:
-			p.Removed, p.ActionErr = removeIfSame(b.Path, ino)
+			p.Removed, p.ActionErr = s.removeIfSame(b, ino)
 		}
 		if report != nil {
 			report(p)
@@ -211,38 +213,112 @@ func (s *Store) quarantineBlock(b BlockInfo, ino uint64) (string, error) {
 	if err := MkdirAll(dir); err != nil {
 		return "", err
 	}
-	if !sameInode(b.Path, ino) {
-		return "", nil // replaced by a fresh Put: nothing to quarantine
-	}
 	dst := filepath.Join(dir, filepath.Base(b.Path)+"."+strconv.FormatInt(time.Now().UnixNano(), 10))
-	if err := os.Rename(b.Path, dst); err != nil {
-		return "", err
+	moved := false
+	err := s.atFile(b.Namespace, b.Path, func(dirfd int, name string) error {
+		if !sameInode(dirfd, name, ino) {
+			return nil // replaced by a fresh Put: nothing to quarantine
+		}
+		err := ignoringEINTR(func() error { return unix.Renameat(dirfd, name, unix.AT_FDCWD, dst) })
+		moved = err == nil
+		return err
+	})
+	if !moved {
+		dst = ""
+	}
+	if err != nil {
+		return "", &fs.PathError{Op: "rename", Path: b.Path, Err: err}
 	}
 	return dst, nil
 }
 
-// sameInode reports whether path is still the file with inode ino.
-func sameInode(path string, ino uint64) bool {
-	var st unix.Stat_t
-	return ignoringEINTR(func() error { return unix.Lstat(path, &st) }) == nil && st.Ino == ino
+// atFile runs f on the file at path (absolute, beneath namespace ns's
+// directory) as its directory's descriptor and its name, the directory
+// opened beneath the namespace directory without following a link
+// (openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS). What maintenance removes
+// or moves is then in the tree, whatever was planted in place of a
+// directory since the walk saw it. ENOENT, ELOOP and ENOTDIR from that
+// open (the file is gone from the tree, or was never in it) are no error:
+// f does not run.
+func (s *Store) atFile(ns, path string, f func(dirfd int, name string) error) error {
+	nsDir := filepath.Join(s.root, ns)
+	rel, ok := strings.CutPrefix(path, nsDir+"/")
+	if !ok {
+		return fmt.Errorf("blockstore: %s is not beneath %s", path, nsDir)
+	}
+	fd, err := openFile(nsDir, unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return ignoreGone(err)
+	}
+	defer unix.Close(fd)
+	dir, name := filepath.Split(rel)
+	if dir != "" {
+		dfd, err := openBeneath(fd, strings.TrimSuffix(dir, "/"), unix.O_PATH|unix.O_DIRECTORY)
+		if err != nil {
+			return ignoreGone(err)
+		}
+		defer unix.Close(dfd)
+		fd = dfd
+	}
+	return f(fd, name)
 }
 
-// removeIfSame unlinks path if it is still inode ino. A block replaced
+// ignoreGone is err, but nil for what says a path is not (or no longer) a
+// directory of the tree: ENOENT, ELOOP, ENOTDIR.
+func ignoreGone(err error) error {
+	if err == unix.ENOENT || err == unix.ELOOP || err == unix.ENOTDIR {
+		return nil
+	}
+	return err
+}
+
+// openBeneath opens rel beneath dirfd without following any link, with
+// O_CLOEXEC, retrying EINTR; before Linux 5.6 (no openat2) it follows
+// links but the last component's.
+func openBeneath(dirfd int, rel string, flags int) (int, error) {
+	for {
+		fd := -1
+		var err error = unix.ENOSYS
+		if !noOpenat2.Load() {
+			fd, err = unix.Openat2(dirfd, rel, &unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC), Resolve: ResolveBeneath})
+		}
+		if err == unix.ENOSYS {
+			noOpenat2.Store(true)
+			fd, err = unix.Openat(dirfd, rel, flags|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+		}
+		if err != unix.EINTR {
+			return fd, err
+		}
+	}
+}
+
+// sameInode reports whether name in dirfd is still the file with inode ino.
+func sameInode(dirfd int, name string, ino uint64) bool {
+	var st unix.Stat_t
+	return ignoringEINTR(func() error { return unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) }) == nil && st.Ino == ino
+}
+
+// removeIfSame unlinks b's file if it is still inode ino. A block replaced
 // since it was examined is a fresh Put and is left alone. (Between the
 // check and the unlink a Put can still slip in; for a cache that costs a
 // miss, not wrong data.)
-func removeIfSame(path string, ino uint64) (bool, error) {
-	if !sameInode(path, ino) {
-		return false, nil
-	}
-	err := ignoringEINTR(func() error { return unix.Unlink(path) })
-	if err == unix.ENOENT {
-		return false, nil
-	}
+func (s *Store) removeIfSame(b BlockInfo, ino uint64) (bool, error) {
+	removed := false
+	err := s.atFile(b.Namespace, b.Path, func(dirfd int, name string) error {
+		if !sameInode(dirfd, name, ino) {
+			return nil
+		}
+		err := ignoringEINTR(func() error { return unix.Unlinkat(dirfd, name, 0) })
+		removed = err == nil
+		if err == unix.ENOENT {
+			return nil
+		}
+		return err
+	})
 	if err != nil {
-		return false, &fs.PathError{Op: "unlink", Path: path, Err: err}
+		return false, &fs.PathError{Op: "unlink", Path: b.Path, Err: err}
 	}
-	return true, nil
+	return removed, nil
 }
 
 // CleanStats summarises a Clean run.
@@ -272,17 +348,22 @@ func (s *Store) Clean(olderThan time.Duration) (CleanStats, error) {
 				return nil
 			}
 			p := dir + "/" + rel
-			var st unix.Stat_t
-			if err := ignoringEINTR(func() error { return unix.Lstat(p, &st) }); err != nil {
-				return nil // gone already (its writer finished or gave up)
-			}
-			if !time.Unix(st.Mtim.Unix()).Before(cutoff) {
-				return nil
-			}
-			if err := ignoringEINTR(func() error { return unix.Unlink(p) }); err == nil {
-				stats.Removed++
-				stats.Bytes += st.Size
-			} else if err != unix.ENOENT {
+			err := s.atFile(ns, p, func(dirfd int, name string) error {
+				var st unix.Stat_t
+				if err := ignoringEINTR(func() error { return unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) }); err != nil {
+					return nil // gone already (its writer finished or gave up)
+				}
+				if st.Mode&unix.S_IFMT != unix.S_IFREG || !time.Unix(st.Mtim.Unix()).Before(cutoff) {
+					return nil
+				}
+				err := ignoringEINTR(func() error { return unix.Unlinkat(dirfd, name, 0) })
+				if err == nil {
+					stats.Removed++
+					stats.Bytes += st.Size
+				}
+				return ignoreGone(err)
+			})
+			if err != nil {
 				return &fs.PathError{Op: "unlink", Path: p, Err: err}
 			}
 			return nil
