@@ -118,7 +118,9 @@
 // wrong data; the block is simply computed again. DurabilityData fsyncs the
 // file before the rename, so a block found after a crash is whole.
 // DurabilityFull also fsyncs the directory after the rename (and a new
-// fan-out directory's parent), so a block survives once Put returns.
+// fan-out directory's parent), so a block survives once Put returns. A
+// directory fsync that fails fails the Put with the block already
+// published: it is whole and valid, but may not survive a power loss.
 //
 // # Maintenance
 //

@@ -28,7 +28,9 @@ const (
 	DurabilityData
 	// DurabilityFull fsyncs the file before the rename and the directory
 	// after it (and each fan-out directory's parent when it is created),
-	// so a block Put returned for survives a power loss.
+	// so a block Put returned for survives a power loss. A directory fsync
+	// that fails fails the store, the block already published (whole, and
+	// perhaps lost at a power loss).
 	DurabilityFull
 )
 
