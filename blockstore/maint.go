@@ -178,9 +178,16 @@ func (s *Store) Verify(ns string, action VerifyAction, report func(Problem)) (Ve
 		}
 		// O_NOATIME: checking a block is not using it, and must not
 		// make it look recently used to Evict.
-		_, ino, err := s.readBlock(b.Path, unix.O_NOATIME, b.Key, buf, grow)
+		var ino uint64
+		var err error = unix.ENOENT // unless the block's directory is still in the tree
+		if aerr := s.atFile(b.Namespace, b.Path, func(dirfd int, name string) error {
+			_, ino, err = s.readBlock(dirfd, name, unix.O_NOATIME, b.Key, buf, grow)
+			return nil
+		}); aerr != nil {
+			return &fs.PathError{Op: "verify", Path: b.Path, Err: aerr}
+		}
 		if err == unix.ENOENT {
-			return nil // deleted since the scan saw it
+			return nil // deleted since the scan saw it, or its directory swapped for a link
 		}
 		stats.Blocks++
 		stats.Bytes += b.Size

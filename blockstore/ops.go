@@ -273,16 +273,16 @@ func CheckRegular(mode uint32) error {
 // replaced by grow(size) when it is too small. It returns the payload
 // size, the inode of what is at path (once known, also with an error) and
 // raw errnos or ErrCorrupt/ErrBufferSize errors.
-func (s *Store) readBlock(path string, flags int, key, buf []byte, grow func(int) []byte) (n int, ino uint64, err error) {
-	fd, err := openFile(path, blockOpenFlags|flags, 0)
+func (s *Store) readBlock(dirfd int, name string, flags int, key, buf []byte, grow func(int) []byte) (n int, ino uint64, err error) {
+	fd, err := openBeneath(dirfd, name, blockOpenFlags|flags)
 	if err == unix.EPERM && flags&unix.O_NOATIME != 0 {
 		// O_NOATIME needs ownership or CAP_FOWNER; without it, read anyway.
-		fd, err = openFile(path, blockOpenFlags|flags&^unix.O_NOATIME, 0)
+		fd, err = openBeneath(dirfd, name, blockOpenFlags|flags&^unix.O_NOATIME)
 	}
 	if err == unix.ELOOP {
 		// The link's own inode, so that it, not its target, can be moved.
 		var st unix.Stat_t
-		if ignoringEINTR(func() error { return unix.Lstat(path, &st) }) == nil {
+		if ignoringEINTR(func() error { return unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) }) == nil {
 			ino = st.Ino
 		}
 		return 0, ino, errSymlink
