@@ -132,25 +132,13 @@ func TestLookupAfterChangeStartsItsOwn(t *testing.T) {
 }
 
 func lookupAfterChange(t *testing.T, ttl time.Duration, before, after Status, change func(tr *Tier, req uint64) error) {
-	held, release := make(chan struct{}), make(chan struct{})
-	var once atomic.Bool
-	poolRan = func(o *op) {
-		if o.kind == OpLookup && once.CompareAndSwap(false, true) {
-			close(held)
-			<-release
-		}
-	}
-	t.Cleanup(func() { poolRan = nil })
+	held, release := holdFirstLookup(t)
 	tr := openTier(t, EngineSync, t.TempDir(), func(o *Options) { o.Rings, o.LookupCacheTTL = 1, ttl })
 	if before == StatusFound {
 		put(t, tr, 0)
 	}
 	require.NoError(t, tr.Lookup(1, testKeys(0)))
-	select {
-	case <-held: // the lookup has its answer; the owner does not know it yet
-	case <-time.After(5 * time.Second):
-		t.Fatal("the lookup did not run")
-	}
+	held() // the lookup has its answer; the owner does not know it yet
 	require.NoError(t, change(tr, 2))
 	require.NotEqual(t, StatusFailed, await(t, tr, 2)[2].Keys[0].Status)
 	require.NoError(t, tr.Lookup(3, testKeys(0)))
@@ -169,24 +157,12 @@ func lookupAfterChange(t *testing.T, ttl time.Duration, before, after Status, ch
 func TestInvalidateLookupsInFlight(t *testing.T) {
 	for _, join := range []bool{false, true} {
 		t.Run(fmt.Sprintf("submitted-while-in-flight=%v", join), func(t *testing.T) {
-			held, release := make(chan struct{}), make(chan struct{})
-			var once atomic.Bool
-			poolRan = func(o *op) {
-				if o.kind == OpLookup && once.CompareAndSwap(false, true) {
-					close(held)
-					<-release
-				}
-			}
-			t.Cleanup(func() { poolRan = nil })
+			held, release := holdFirstLookup(t)
 			dir := t.TempDir()
 			tr := openTier(t, EngineSync, dir, func(o *Options) { o.Rings, o.LookupCacheTTL = 1, time.Minute })
 			other := openTier(t, EngineSync, dir, func(o *Options) { o.LookupCacheTTL = -1 })
 			require.NoError(t, tr.Lookup(1, testKeys(0)))
-			select {
-			case <-held:
-			case <-time.After(5 * time.Second):
-				t.Fatal("the lookup did not run")
-			}
+			held()
 			put(t, other, 0)
 			tr.InvalidateLookups()
 			if join {
@@ -208,4 +184,26 @@ func TestInvalidateLookupsInFlight(t *testing.T) {
 			require.Equal(t, []Status{StatusFound}, statuses(await(t, tr, 3)[3]), "the lookup submitted after InvalidateLookups")
 		})
 	}
+}
+
+// holdFirstLookup holds the sync engine worker that runs the next lookup
+// once its program has its outcome, before the owner learns of it: held
+// waits until the worker is there, release lets it go.
+func holdFirstLookup(t *testing.T) (held func(), release chan struct{}) {
+	at, release := make(chan struct{}), make(chan struct{})
+	var once atomic.Bool
+	poolRan = func(o *op) {
+		if o.kind == OpLookup && once.CompareAndSwap(false, true) {
+			close(at)
+			<-release
+		}
+	}
+	t.Cleanup(func() { poolRan = nil })
+	return func() {
+		select {
+		case <-at:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the lookup did not run")
+		}
+	}, release
 }
