@@ -147,7 +147,7 @@ func TestLoadsSpreadOverRings(t *testing.T) {
 	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.Rings = 2 })
 	var idx []int
 	for i := 0; len(idx) < 2*loadRun; i++ {
-		if maphash.Bytes(tr.seed, testKey(i))%2 == 0 {
+		if shardOfHash(maphash.Bytes(tr.seed, testKey(i)), 2) == 0 {
 			idx = append(idx, i)
 		}
 	}
@@ -204,7 +204,7 @@ func TestLoadLearnedBeforeInvalidate(t *testing.T) {
 	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.Rings, o.LookupCacheTTL = 2, time.Hour })
 	var idx []int // two keys whose lookups go to ring 0: one of them is loaded on ring 1
 	for i := 0; len(idx) < 2; i++ {
-		if maphash.Bytes(tr.seed, testKey(i))%2 == 0 {
+		if shardOfHash(maphash.Bytes(tr.seed, testKey(i)), 2) == 0 {
 			idx = append(idx, i)
 		}
 	}

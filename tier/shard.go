@@ -842,7 +842,7 @@ func (s *shard) remember(o *op, now time.Time) {
 		return // it started before InvalidateLookups: what it learned may be what the caller undid
 	}
 	e := cacheEntry{key: o.key, keyLen: o.keyLen, found: found, at: int64(now.Sub(s.epoch))}
-	home := s.t.shards[o.hash%uint64(len(s.t.shards))]
+	home := s.t.shards[shardOfHash(o.hash, len(s.t.shards))]
 	if home == s {
 		if old, ok := s.cache[o.hash]; !ok || old.at <= e.at || old.keyLen != e.keyLen || old.key != e.key {
 			s.cacheStore(o.hash, e)
