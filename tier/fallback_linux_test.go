@@ -97,6 +97,7 @@ var notInConformanceSuite = map[string]string{
 	"TestLogFallback":                    "it starts its own child without io_uring",
 	"TestNoteQuarantine":                 "it calls the engines' hook directly, on the sync engine already",
 	"TestFailureClasses":                 "it needs a FUSE mount; the counting is the shard's, the same code with either engine",
+	"TestLookupsInFlightBounded":         "it needs a FUSE mount; the bound is the shard's, the same code with either engine",
 	"TestProbedSlotsEmptied":             "it reads the io_uring engine's fixed-file table",
 	"TestEstimate":                       "it is arithmetic on the capacity's counters, no engine involved",
 	"TestOpIndex":                        "it checks a table of the shard, no engine involved",

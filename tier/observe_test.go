@@ -300,3 +300,41 @@ func TestFailureClasses(t *testing.T) {
 		assert.Zero(t, st.BytesWritten)
 	})
 }
+
+// TestLookupsInFlightBounded: lookups that the filesystem does not answer
+// (a FUSE LOOKUP that hangs) hold at most lookupsMax op slots of their
+// ring, the rest of a batch waiting queued, and a load submitted after
+// them still gets a slot; once the filesystem answers, every key does.
+func TestLookupsInFlightBounded(t *testing.T) {
+	for _, kind := range []EngineKind{EngineURing, EngineSync} {
+		t.Run(kind.String(), func(t *testing.T) {
+			fsys := mountFaultFS(t)
+			tr, err := Open(fsys.Mountpoint(), Options{BlockSize: testBlockSize, Engine: kind, Rings: 1, OpsMax: 1024})
+			require.NoError(t, err)
+			defer tr.Close(context.Background())
+			hang, err := fsys.Inject(faultfs.Fault{Ops: faultfs.OpLookup | faultfs.OpGetattr, Hang: true})
+			require.NoError(t, err)
+			defer hang.Release()
+
+			idx := make([]int, 2*lookupsMax)
+			for i := range idx {
+				idx[i] = i
+			}
+			require.NoError(t, tr.Lookup(1, testKeys(idx...)))
+			require.Eventually(t, func() bool { return tr.Stats().InFlight == lookupsMax }, 10*time.Second, time.Millisecond,
+				"in flight: %d", tr.Stats().InFlight)
+			require.NoError(t, tr.Load(2, testKeys(len(idx)), [][]byte{make([]byte, testBlockSize)}))
+			require.Eventually(t, func() bool { return tr.Stats().InFlight == lookupsMax+1 }, 10*time.Second, time.Millisecond,
+				"the load got no slot: in flight %d", tr.Stats().InFlight)
+			require.Eventually(t, func() bool { return hang.Fired() > 0 }, 10*time.Second, time.Millisecond,
+				"the hang did not reach the filesystem")
+
+			hang.Release()
+			res := await(t, tr, 1, 2)
+			assert.Equal(t, StatusMissing, res[2].Keys[0].Status)
+			for i, k := range res[1].Keys {
+				require.Equal(t, StatusMissing, k.Status, "key %d", i)
+			}
+		})
+	}
+}
