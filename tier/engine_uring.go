@@ -224,7 +224,7 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	}()
 	if t.engine.StoresSync || t.engine.LoadsSync {
 		rings := t.opts.Rings
-		b.pool = newSyncPool(t, s, (t.opts.SyncWorkers+rings-1)/rings, b.wake)
+		b.pool = newSyncPool(t, s, (t.opts.SyncWorkers+rings-1)/rings, 1, b.wake)
 	}
 	cq := 8 * entries
 	if ringSize > 0 {
@@ -410,7 +410,7 @@ func (b *uringBackend) start(i int32, o *op, done []int32) []int32 {
 	} else if b.pooled(o) {
 		b.aside[i] = asidePool
 		b.nPooled++
-		b.pool.work <- i
+		b.pool.send(i)
 	} else if err := p.Start(cfg, programOp[o.kind], o.keyBytes(), o.buf, b.hdr(i), b.direct && aligned(o.buf)); err != nil {
 		o.status, o.err = StatusFailed, err
 		b.doneQ = append(b.doneQ, i)

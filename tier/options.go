@@ -208,8 +208,9 @@ type Options struct {
 	// of 84-106 µs against 69-112 µs (an earlier week).
 	Rings int
 	// OpsMax is how many key operations one ring (or the sync engine) has
-	// in flight at most. Default 1024, at most 65,536. Of them, lookups
-	// are at most 256 (or WorkersMax, if more), stores 16 and deletes 32.
+	// in flight at most. Default 1024, at most 65,536. Of them, stores are
+	// at most 16, deletes 32, and a ring's lookups 256 (or WorkersMax, if
+	// more).
 	OpsMax int
 	// WorkersMax limits the kernel worker threads of each ring (bounded
 	// and unbounded alike) on FUSE, NFS and unknown filesystems, where each

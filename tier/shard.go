@@ -145,7 +145,7 @@ type shard struct {
 	stores      int     // of inUse
 	deletes     int     // of inUse
 	lookupsN    int     // of inUse: lookups
-	lookupsMax  int     // lookupsN at most: lookupsMax, or WorkersMax if more
+	lookupsMax  int     // lookupsN at most (io_uring: lookupsMax, or WorkersMax if more)
 	aside       int     // of inUse: loads whose Judge runs aside (io_uring, judgeAside)
 	lookups     opIndex // key hash -> lookup op, to share one op among requests
 	cache       map[uint64]cacheEntry
@@ -184,7 +184,10 @@ func newShard(t *Tier, idx int) *shard {
 		touched: make(map[uint64]int64),
 		counts:  new(keyCounters),
 	}
-	s.lookupsMax = max(lookupsMax, t.opts.WorkersMax)
+	s.lookupsMax = len(s.ops)
+	if s.ring {
+		s.lookupsMax = max(lookupsMax, t.opts.WorkersMax)
+	}
 	for i := range s.ops {
 		s.free = append(s.free, int32(len(s.ops)-1-i))
 	}
@@ -485,16 +488,18 @@ func (s *shard) mine(r *request, i int) bool {
 // queue ahead of them. deletesMax is the same for deletes, which come
 // last: eviction must not stall the work it makes room for.
 //
-// lookupsMax is the same for lookups (or WorkersMax, if more). Warm ones
-// by O_PATH open end inline and never come near it; a STATX, or an open
-// the dentry cache cannot answer, waits for a kernel worker (at most
-// WorkersMax of them), and more of them in flight only queue there, each
-// one's op slot and program one more cold cache line for the owner.
-// BenchmarkLookup, STATX with a ring per CPU, 4 interleaved rounds: 1.29-
-// 1.57x the keys a second of 1,024 in flight per ring (0.99-1.16 M
-// against 0.70-0.82 M), 1.09-1.25x the engine's first design on two
-// rings, at 1.55-1.80 us of CPU per key against 2.07-2.39; O_PATH
-// lookups the same (1.82-1.94 M against 1.78-1.89 M).
+// lookupsMax is the same for an io_uring ring's lookups (or WorkersMax,
+// if more). Warm ones by O_PATH open end inline and never come near it; a
+// STATX, or an open the dentry cache cannot answer, waits for a kernel
+// worker (at most WorkersMax of them), and more of them in flight only
+// queue there, each one's op slot and program one more cold cache line
+// for the owner. BenchmarkLookup, STATX with a ring per CPU, 4 interleaved
+// rounds: 1.29-1.57x the keys a second of 1,024 in flight per ring
+// (0.99-1.16 M against 0.70-0.82 M), 1.09-1.25x the engine's first design
+// on two rings, at 1.55-1.80 us of CPU per key against 2.07-2.39; O_PATH
+// lookups the same (1.82-1.94 M against 1.78-1.89 M). The sync engine's
+// lookups wait for its own workers, and the bound cost it 0.92-0.98x the
+// keys a second (3 rounds): it has none.
 const (
 	storesMax  = 16
 	deletesMax = 32
