@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -351,14 +352,16 @@ func TestSyncWorkerHoldsOneOpOnFUSE(t *testing.T) {
 		p := string(tr.BlockStore().Layout().AppendPath(nil, k))
 		return p[:strings.IndexByte(p, '/')]
 	}
-	// The hung key's fan-out directory is looked up by it alone.
+	// The hung key's fan-out directory is looked up by it alone; it comes
+	// amid the request, where many ops are queued.
 	hung := testKey(0)
-	keys := [][]byte{hung}
-	for i := 1; len(keys) < 32; i++ {
+	var keys [][]byte
+	for i := 1; len(keys) < 256; i++ {
 		if k := testKey(i); fanout(k) != fanout(hung) {
 			keys = append(keys, k)
 		}
 	}
+	keys = slices.Insert(keys, 100, hung)
 	hang, err := fsys.Inject(faultfs.Fault{Ops: faultfs.OpLookup, Path: rel + "/" + fanout(hung), Hang: true})
 	require.NoError(t, err)
 	defer hang.Release()
