@@ -23,7 +23,7 @@ var _ backend = (*syncBackend)(nil)
 func newSyncBackend(t *Tier, s *shard) (*syncBackend, error) {
 	b := &syncBackend{wakeC: make(chan struct{}, 1), timer: time.NewTimer(time.Hour)}
 	take := 1
-	if local, _ := inlineSafe(t.nsDir); local {
+	if t.local {
 		take = syncTake
 	}
 	b.syncPool = newSyncPool(t, s, t.opts.SyncWorkers, take, nil)

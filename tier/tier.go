@@ -24,6 +24,7 @@ type Tier struct {
 	nsDir     string            // <root>/<namespace>, absolute
 	qDir      string            // where corrupt blocks found by loads go
 	engine    EngineInfo        // immutable after Open
+	local     bool              // the filesystem is local (inlineSafe); immutable after Open
 	log       *slog.Logger      // Options.Logger, or a silent one; immutable
 	seed      maphash.Seed      // key hashing; immutable
 	shards    []*shard          // one per ring (one for the sync engine); immutable after Open
@@ -276,11 +277,11 @@ func (t *Tier) startEngine() error {
 	if err := cfg.Check(); err != nil {
 		return fmt.Errorf("tier: %w: %w", ErrInvalidOptions, err)
 	}
-	info, err := chooseEngine(t.nsDir, t.opts)
+	info, local, err := chooseEngine(t.nsDir, t.opts)
 	if err != nil {
 		return err
 	}
-	t.engine = info
+	t.engine, t.local = info, local
 	if info.Fallback != "" {
 		t.log.Warn("tier: io_uring is unusable here: falling back to the sync engine", "reason", info.Fallback)
 	}
@@ -324,30 +325,31 @@ func (t *Tier) startEngine() error {
 
 // chooseEngine says which engine a tier on dir with opts gets, and what the
 // filesystem there allows: io_uring where it is usable (or an error if
-// opts ask for it and it is not), else the sync engine and why.
-func chooseEngine(dir string, opts Options) (EngineInfo, error) {
+// opts ask for it and it is not), else the sync engine and why; and
+// whether the filesystem is local (inlineSafe), for either engine.
+func chooseEngine(dir string, opts Options) (EngineInfo, bool, error) {
 	var e EngineInfo
 	e.Kind = opts.Engine
 	if e.Kind != EngineSync {
 		if err := uring.Available(); err == nil {
 			e.Kind = EngineURing
 		} else if e.Kind == EngineURing {
-			return e, fmt.Errorf("tier: engine uring: %w", err)
+			return e, false, fmt.Errorf("tier: engine uring: %w", err)
 		} else {
 			e.Kind, e.Fallback = EngineSync, err.Error()
 		}
 	}
 	e.Direct, e.NoDirect = probeDirect(dir, opts)
-	e.Inline, e.FS = inlineSafe(dir)
-	if e.Kind == EngineSync {
-		e.Inline = false
-	} else {
+	local, fs := inlineSafe(dir)
+	e.FS = fs
+	if e.Kind == EngineURing {
+		e.Inline = local
 		e.Rings = opts.Rings
 		e.OwnThreads = !e.Inline || opts.Lookup != LookupOpenPath
 		e.StoresSync = e.Inline && !opts.StoresOnRing
 		e.LoadsSync = e.FS == "tmpfs" || testLoadsSync
 	}
-	return e, nil
+	return e, local, nil
 }
 
 // startedShard is what a shard's owner says once its backend is set up:
