@@ -709,6 +709,16 @@ func (s *shard) expire(now time.Time) time.Time {
 			s.opDeadline = earliest(s.opDeadline, o.deadline)
 			continue
 		}
+		// An op whose every waiter times out is stuck, and counted so
+		// before any of them is published: a caller that polls a
+		// timed-out key finds it in Stats.Stuck.
+		stuck := true
+		for _, w := range o.waiters {
+			stuck = stuck && !w.r.deadline.After(now)
+		}
+		if stuck {
+			s.markStuck(int32(j), o)
+		}
 		keep := o.waiters[:0]
 		o.deadline = now.Add(time.Hour)
 		for _, w := range o.waiters {
@@ -727,26 +737,30 @@ func (s *shard) expire(now time.Time) time.Time {
 		if len(keep) > 0 {
 			next = earliest(next, o.deadline)
 			s.opDeadline = earliest(s.opDeadline, o.deadline)
-			continue
-		}
-		o.abandoned = true
-		// A stuck op answers nobody: later lookups of the key start
-		// their own (and meet the breaker).
-		s.lookups.remove(o.hash, int32(j))
-		s.stuck++
-		s.stuckN.Store(int64(s.stuck))
-		if !o.canceled {
-			o.canceled = true
-			s.be.cancel(int32(j), o)
-		}
-		if s.stuck >= s.t.opts.BreakerThreshold && !s.breaker {
-			s.breaker = true
-			s.open.Store(true)
-			s.t.stats.breakerTrips.Add(1)
-			s.t.noteBreaker(s.idx, true, s.stuck)
 		}
 	}
 	return next
+}
+
+// markStuck marks op j stuck: it answers nobody until the kernel (or a
+// worker) lets go of it.
+func (s *shard) markStuck(j int32, o *op) {
+	o.abandoned = true
+	// A stuck op answers nobody: later lookups of the key start
+	// their own (and meet the breaker).
+	s.lookups.remove(o.hash, j)
+	s.stuck++
+	s.stuckN.Store(int64(s.stuck))
+	if !o.canceled {
+		o.canceled = true
+		s.be.cancel(j, o)
+	}
+	if s.stuck >= s.t.opts.BreakerThreshold && !s.breaker {
+		s.breaker = true
+		s.open.Store(true)
+		s.t.stats.breakerTrips.Add(1)
+		s.t.noteBreaker(s.idx, true, s.stuck)
+	}
 }
 
 func earliest(a, b time.Time) time.Time {
