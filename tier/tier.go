@@ -678,6 +678,15 @@ func (t *Tier) drained() {
 
 func (t *Tier) publish(r *request) {
 	t.stats.request[r.op].Record(time.Since(r.submitted))
+	// No owner reads r's keys any more. Zeroing them here, on the owner's
+	// CPU, leaves their cache lines modified in its cache alone, and the
+	// next submit into this slot takes each in one transfer: writing lines
+	// that the owners' caches still shared cost the caller ~20 ns a line.
+	// A 1,024-key Lookup call, BenchmarkCallerFloor, 8 interleaved rounds:
+	// 9.1-10.9 us at the median against 18.7-25.3 without this.
+	clear(r.keyData)
+	clear(r.keyEnd)
+	clear(r.hashes)
 	t.mu.Lock()
 	r.published = true
 	if r.own != nil {
