@@ -96,8 +96,9 @@ type uringBackend struct {
 	rearm     bool    // the waker fired: arm it again
 	cfg       blockstore.Config
 	cfgOpen   blockstore.Config // lookups by O_PATH open (LookupOpenPath, half of LookupMixed)
-	uncached  int               // the latest cached-first lookup opens in a row that the dentry cache could not answer
-	coldN     uint              // lookups started while uncached was coldRun or more: every coldProbe+1'th tries the cache
+	uncached  int               // cached-first lookup opens that the dentry cache could not answer, less coldHit for each it did (at least 0)
+	coldN     uint              // lookups started while uncached was coldRun or more: every coldEvery'th tries the cache
+	coldEvery uint              // while cold, one lookup in this many is a probe: coldProbe+1, or coldExit after a probe answered
 	broken    error             // the ring failed: ops fail with this, nothing more goes to the kernel
 	wakeC     chan struct{}     // wake's token, for an owner asleep with nothing in the kernel
 	timer     *time.Timer       // the owner's, for such sleeps
@@ -133,17 +134,27 @@ const (
 	asidePool
 )
 
-// A ring whose latest coldRun cached-first lookup opens all missed the
-// dentry cache (caches dropped, a tree never walked) sends lookups to
-// STATX at once, all but one in coldProbe+1, which tries the cache again;
-// one that the cache answers ends it. With caches dropped
-// (BenchmarkLookupCold) the open that fails and the STATX after it
-// answered 0.62-1.0 [0.66] of the keys a second of LookupStatx's locked
-// owners (5 interleaved rounds); asking STATX at once from these owners
-// made 1.06x (0.92-1.31) the keys a second of the open first (10 rounds).
+// A ring whose cached-first lookup opens have missed the dentry cache
+// coldRun times more than coldHit times as often as the cache answered
+// them (coldRun in a row: caches dropped, a tree never walked; the break-
+// even of a miss, which costs the open and a STATX, against a hit, which
+// saves a kernel worker, is near one hit in five) sends lookups to STATX at
+// once, all but one in coldProbe+1, which tries the cache again. A probe
+// that the cache answers brings the next one to coldExit lookups later,
+// and if that one is answered too the cold run ends, halfway to the next.
+// With caches dropped (BenchmarkLookupCold) the open that fails and the
+// STATX after it answered 0.62-1.0 [0.66] of the keys a second of
+// LookupStatx's locked owners (5 interleaved rounds); asking STATX at once
+// from these owners made 1.06x (0.92-1.31) the keys a second of the open
+// first (10 rounds). Until 2026-12-05 any probe or open that the cache
+// answered ended the run, and the next coldRun opens that missed began
+// another: as a cold run's walks fill the cache, one probe in ten or so
+// found its path there, and BenchmarkLookupCold made 1.4 SQEs a key.
 const (
 	coldRun   = 64
 	coldProbe = 15
+	coldHit   = 4
+	coldExit  = 4
 )
 
 // ringFault, when set (by tests), is asked before each submission, with
@@ -398,7 +409,10 @@ func (b *uringBackend) start(i int32, o *op, done []int32) []int32 {
 		if o.kind == OpLookup && b.uncached >= coldRun {
 			// The dentry cache answered none of the latest lookups:
 			// ask STATX at once, and try the cache again now and then.
-			if b.coldN++; b.coldN%(coldProbe+1) != 0 {
+			if b.coldEvery == 0 {
+				b.coldEvery = coldProbe + 1
+			}
+			if b.coldN++; b.coldN%b.coldEvery != 0 {
 				cfg = &b.cfg
 			}
 		}
@@ -778,7 +792,9 @@ func (b *uringBackend) judged(i int32, decided bool) {
 	p := &b.progs[i]
 	if !decided {
 		if p.Walking() {
-			b.uncached++
+			if b.uncached++; b.uncached > coldRun {
+				b.coldEvery = coldProbe + 1 // a probe missed
+			}
 		}
 		if p.Renew {
 			// A store found a directory gone: perhaps the namespace
@@ -790,7 +806,15 @@ func (b *uringBackend) judged(i int32, decided bool) {
 		return
 	}
 	if p.Op == blockstore.OpLookup && p.Steps[0].Probe {
-		b.uncached = 0 // the dentry cache answered it
+		// The dentry cache answered it.
+		switch {
+		case b.uncached < coldRun:
+			b.uncached = max(0, b.uncached-coldHit)
+		case b.coldEvery > coldExit:
+			b.coldEvery = coldExit // a probe: try again soon
+		default:
+			b.uncached, b.coldEvery = coldRun/2, coldProbe+1 // two in a row: the run is over
+		}
 	}
 	o := &b.s.ops[i]
 	o.status, o.err = tierStatus[p.Status], p.Err
