@@ -20,7 +20,10 @@ import (
 // finds one), and what completed inline gives its op slot back before the
 // next keys start: a batch of found keys cycles through a few slots, not
 // one each. STATX lookups, which all go to kernel workers, are submitted
-// whole: chunks would wake the workers once each.
+// whole: chunks would wake the workers once each. (Their batch has 384
+// keys, under lookupsMax a ring: with more, those past it start as others
+// complete, in as many submissions as the completions come in: 5 to 66
+// were seen with 1,024.)
 func TestSubmitChunks(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
 	var submits atomic.Int64
@@ -31,25 +34,21 @@ func TestSubmitChunks(t *testing.T) {
 		return nil
 	}
 	t.Cleanup(func() { ringFault = nil })
-	keys := make([]int, 1024)
-	for i := range keys {
-		keys[i] = i
-	}
 	for _, c := range []struct {
 		rings     int
 		lookup    LookupOp
+		n         int   // keys in the batch, half of them there
 		atLeast   int64 // submissions that hand SQEs over
 		fewerThan int64
 	}{
 		// O_PATH: at least half the chunks a batch makes, a margin for
 		// how the hash splits keys between two rings.
-		{rings: 1, lookup: LookupOpenPath, atLeast: int64(len(keys)) / submitChunk / 2, fewerThan: 1 << 20},
-		{rings: 2, lookup: LookupOpenPath, atLeast: int64(len(keys)) / submitChunk / 2, fewerThan: 1 << 20},
-		// STATX: whole batches, 5-9 submissions seen (a submit that
-		// finds the other ring's keys still coming makes another);
-		// chunks would make 32.
-		{rings: 2, lookup: LookupStatx, atLeast: 1, fewerThan: 16},
+		{rings: 1, lookup: LookupOpenPath, n: 1024, atLeast: 1024 / submitChunk / 2, fewerThan: 1 << 20},
+		{rings: 2, lookup: LookupOpenPath, n: 1024, atLeast: 1024 / submitChunk / 2, fewerThan: 1 << 20},
+		// STATX: whole batches; chunks would make 12.
+		{rings: 2, lookup: LookupStatx, n: 384, atLeast: 1, fewerThan: 8},
 	} {
+		keys := seq(0, c.n)
 		tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) {
 			o.Rings, o.OpsMax, o.Lookup = c.rings, len(keys), c.lookup
 		})
@@ -97,47 +96,21 @@ func TestSubmitChunks(t *testing.T) {
 // missed the dentry cache coldRun times in a row (caches dropped), its
 // lookups go to STATX at once, all but one in coldProbe+1 (without it, every
 // cold key made an open and a STATX: twice the SQEs); with the tree in the
-// cache again, the probes that the cache answers end that (each halves the
-// interval between probes), and the rest of the lookups are opens again.
+// cache again, two probes in a row that the cache answers end that, and the
+// rest of the lookups are opens again.
 func TestColdLookupsAskStatxFirst(t *testing.T) {
-	var sqes atomic.Int64
-	ringFault = func(n uint32) error {
-		sqes.Add(int64(n))
-		return nil
-	}
-	t.Cleanup(func() { ringFault = nil })
 	const n = 512
-	keys := make([]int, n)
-	for i := range keys {
-		keys[i] = i
-	}
-	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.Rings, o.OpsMax = 1, n })
-	be := tr.shards[0].be.(*uringBackend)
-	put(t, tr, keys...)
-	unix.Sync()
-	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("2\n"), 0); err != nil {
-		t.Skipf("cannot drop the dentry cache: %v", err)
-	}
-
-	lookup := func(req uint64) int64 {
-		t.Helper()
-		sqes.Store(0)
-		require.NoError(t, tr.Lookup(req, testKeys(keys...)))
-		for i, k := range await(t, tr, req)[req].Keys {
-			require.Equal(t, StatusFound, k.Status, "request %d, key %d: %v", req, i, k.Err)
-		}
-		return sqes.Load()
-	}
-	cold := lookup(1)
-	t.Logf("cold: %d SQEs for %d keys; %d uncached in a row", cold, n, be.uncached)
+	be, lookup := coldRing(t, n)
+	cold := lookup(1, seq(0, n))
+	t.Logf("cold: %d SQEs for %d keys; uncached %d", cold, n, be.uncached)
 	// A STATX a key, the opens before the run was long enough, and the
 	// probes: 1.2 a key; an open and a STATX a key would be 2.
 	assert.Less(t, cold, int64(n*3/2), "SQEs of cold lookups")
-	assert.GreaterOrEqual(t, be.uncached, coldRun, "the run of uncached opens")
+	assert.GreaterOrEqual(t, be.uncached, coldRun, "the ring is cold")
 
-	warm := lookup(2)
-	t.Logf("warm: %d SQEs for %d keys; %d uncached in a row", warm, n, be.uncached)
-	assert.Equal(t, 0, be.uncached, "a probe that the cache answered ended the run")
+	warm := lookup(2, seq(0, n))
+	t.Logf("warm: %d SQEs for %d keys; uncached %d", warm, n, be.uncached)
+	assert.Equal(t, 0, be.uncached, "probes that the cache answered ended the cold run")
 	assert.Equal(t, int64(n), warm, "an SQE a key")
 }
 
@@ -147,28 +120,37 @@ func TestColdLookupsAskStatxFirst(t *testing.T) {
 // run, whose every cached-first open after it missed six times in seven
 // and was asked again by STATX (924 SQEs for the 512 keys).
 func TestColdLookupsStayColdInAPartlyCachedTree(t *testing.T) {
+	const n = 512
+	be, lookup := coldRing(t, n)
+	var some []int
+	for i := 0; i < n; i += 7 { // not a multiple of the probes' stride, or none or all would be cached
+		some = append(some, i)
+	}
+	lookup(1, some) // their paths in the cache, and the ring cold
+	require.GreaterOrEqual(t, be.uncached, coldRun, "the first lookups made the ring cold")
+	got := lookup(2, seq(0, n))
+	t.Logf("%d SQEs for %d keys, one path in 7 cached; uncached %d", got, n, be.uncached)
+	assert.Less(t, got, int64(n*5/4), "SQEs of lookups in a partly cached tree")
+	assert.GreaterOrEqual(t, be.uncached, coldRun, "still cold")
+}
+
+// coldRing opens a tier with one ring, stores keys 0..n-1 and drops the
+// dentry cache. lookup looks up keys, requires each found, and returns the
+// SQEs that the lookups handed to the kernel.
+func coldRing(t *testing.T, n int) (*uringBackend, func(req uint64, keys []int) int64) {
 	var sqes atomic.Int64
 	ringFault = func(n uint32) error {
 		sqes.Add(int64(n))
 		return nil
 	}
 	t.Cleanup(func() { ringFault = nil })
-	const n = 512
-	all, some := make([]int, n), make([]int, 0, n/7+1)
-	for i := range all {
-		all[i] = i
-		if i%7 == 0 { // not a multiple of the probes' stride, or none or all would be cached
-			some = append(some, i)
-		}
-	}
 	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.Rings, o.OpsMax = 1, n })
-	be := tr.shards[0].be.(*uringBackend)
-	put(t, tr, all...)
+	put(t, tr, seq(0, n)...)
 	unix.Sync()
 	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("2\n"), 0); err != nil {
 		t.Skipf("cannot drop the dentry cache: %v", err)
 	}
-	lookup := func(req uint64, keys []int) int64 {
+	return tr.shards[0].be.(*uringBackend), func(req uint64, keys []int) int64 {
 		t.Helper()
 		sqes.Store(0)
 		require.NoError(t, tr.Lookup(req, testKeys(keys...)))
@@ -177,12 +159,6 @@ func TestColdLookupsStayColdInAPartlyCachedTree(t *testing.T) {
 		}
 		return sqes.Load()
 	}
-	lookup(1, some) // their paths in the cache, and the ring cold
-	require.GreaterOrEqual(t, be.uncached, coldRun, "the first lookups made the ring cold")
-	got := lookup(2, all)
-	t.Logf("%d SQEs for %d keys, one path in 7 cached; %d uncached in a row", got, n, be.uncached)
-	assert.Less(t, got, int64(n*5/4), "SQEs of lookups in a partly cached tree")
-	assert.GreaterOrEqual(t, be.uncached, coldRun, "still cold")
 }
 
 // TestLockedOwnerWithSpareP runs an owner locked to its thread (STATX
