@@ -149,7 +149,8 @@ const (
 // first (10 rounds). Until 2026-12-05 any probe or open that the cache
 // answered ended the run, and the next coldRun opens that missed began
 // another: as a cold run's walks fill the cache, one probe in ten or so
-// found its path there, and BenchmarkLookupCold made 1.4 SQEs a key.
+// found its path there, and BenchmarkLookupCold made 1.34 SQEs a key
+// (1.07 now).
 const (
 	coldRun   = 64
 	coldProbe = 15
@@ -407,8 +408,9 @@ func (b *uringBackend) start(i int32, o *op, done []int32) []int32 {
 	if b.t.opts.Lookup == LookupOpenPath || b.t.opts.Lookup == LookupMixed && i%2 == 0 {
 		cfg = &b.cfgOpen
 		if o.kind == OpLookup && b.uncached >= coldRun {
-			// The dentry cache answered none of the latest lookups:
-			// ask STATX at once, and try the cache again now and then.
+			// The dentry cache answered too few of the latest
+			// lookups: ask STATX at once, and try the cache again now
+			// and then.
 			if b.coldEvery == 0 {
 				b.coldEvery = coldProbe + 1
 			}
