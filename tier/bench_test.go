@@ -575,6 +575,9 @@ func dropCaches() error {
 // runtime) makes the calls' long too. Reported: p50 and p99.9 of the calls,
 // of the Lookup calls alone and of the spins, in µs. engine=none spins with
 // no tier at all: the machine's own floor, which no call can go below.
+// With URINGTIER_CALLER_TRACE set to a file, the caller's thread keeps to
+// CPU 0 and every call's start and end (CLOCK_MONOTONIC) go to the file,
+// for testdata/callertrace to set beside what perf saw on that CPU.
 func BenchmarkCallerFloor(b *testing.B) {
 	const spinFor = 20 * time.Microsecond
 	dir := lookupFixture(b)
@@ -596,6 +599,7 @@ func BenchmarkCallerFloor(b *testing.B) {
 		kind EngineKind
 	}{{"engine=uring", EngineURing}, {"engine=sync", EngineSync}} {
 		b.Run(e.name, func(b *testing.B) {
+			trace := callerTrace(b)
 			tr := benchTier(b, dir, e.kind, nil)
 			var calls, lookups, spins latency.Counts
 			spin := func() {
@@ -610,9 +614,10 @@ func BenchmarkCallerFloor(b *testing.B) {
 			for b.Loop() {
 				for inFlight < 4 {
 					req++
-					t0 := time.Now()
+					m0, t0 := trace.now(), time.Now()
 					err := tr.Lookup(req, keys)
 					d := time.Since(t0)
+					trace.add('L', m0)
 					calls.Record(d)
 					lookups.Record(d)
 					if err != nil {
@@ -621,9 +626,10 @@ func BenchmarkCallerFloor(b *testing.B) {
 					inFlight++
 					spin()
 				}
-				t0 := time.Now()
+				m0, t0 := trace.now(), time.Now()
 				n := tr.Poll(results)
 				calls.Record(time.Since(t0))
+				trace.add('P', m0)
 				inFlight -= n
 				spin()
 				if n == 0 {
@@ -637,6 +643,52 @@ func BenchmarkCallerFloor(b *testing.B) {
 			b.ReportMetric(us(spins.Quantile(0.5)), "spin-p50-µs")
 			b.ReportMetric(us(spins.Quantile(0.999)), "spin-p99.9-µs")
 		})
+	}
+}
+
+// callTrace records calls as "L|P start end" lines of CLOCK_MONOTONIC
+// nanoseconds; a nil one records nothing.
+type callTrace struct{ lines []byte }
+
+// callerTrace returns a trace if URINGTIER_CALLER_TRACE names a file, which
+// it writes when b ends, and keeps b's goroutine on CPU 0 until then.
+func callerTrace(b *testing.B) *callTrace {
+	path := os.Getenv("URINGTIER_CALLER_TRACE")
+	if path == "" {
+		return nil
+	}
+	runtime.LockOSThread()
+	var was, cpu0 unix.CPUSet
+	cpu0.Set(0)
+	if err := unix.SchedGetaffinity(0, &was); err != nil {
+		b.Fatal(err)
+	}
+	if err := unix.SchedSetaffinity(0, &cpu0); err != nil {
+		b.Fatal(err)
+	}
+	c := &callTrace{}
+	b.Cleanup(func() {
+		unix.SchedSetaffinity(0, &was)
+		runtime.UnlockOSThread()
+		if err := os.WriteFile(path, c.lines, 0o644); err != nil {
+			b.Error(err)
+		}
+	})
+	return c
+}
+
+func (c *callTrace) now() int64 {
+	if c == nil {
+		return 0
+	}
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return ts.Nano()
+}
+
+func (c *callTrace) add(kind byte, start int64) {
+	if c != nil {
+		c.lines = fmt.Appendf(c.lines, "%c %d %d\n", kind, start, c.now())
 	}
 }
 
