@@ -97,8 +97,8 @@ type uringBackend struct {
 	cfg       blockstore.Config
 	cfgOpen   blockstore.Config // lookups by O_PATH open (LookupOpenPath, half of LookupMixed)
 	uncached  int               // cached-first lookup opens that the dentry cache could not answer, less coldHit for each it did (at least 0)
-	coldN     uint              // lookups started while uncached was coldRun or more: every coldEvery'th tries the cache
-	coldEvery uint              // while cold, one lookup in this many is a probe: coldProbe+1, or coldExit after a probe answered
+	coldN     uint              // lookups started while uncached was coldRun or more: every coldProbe+1'th tries the cache (coldExit'th after probeHit)
+	probeHit  bool              // while cold, the cache answered the latest probe
 	broken    error             // the ring failed: ops fail with this, nothing more goes to the kernel
 	wakeC     chan struct{}     // wake's token, for an owner asleep with nothing in the kernel
 	timer     *time.Timer       // the owner's, for such sleeps
@@ -411,10 +411,11 @@ func (b *uringBackend) start(i int32, o *op, done []int32) []int32 {
 			// The dentry cache answered too few of the latest
 			// lookups: ask STATX at once, and try the cache again now
 			// and then.
-			if b.coldEvery == 0 {
-				b.coldEvery = coldProbe + 1
+			every := uint(coldProbe + 1)
+			if b.probeHit {
+				every = coldExit
 			}
-			if b.coldN++; b.coldN%b.coldEvery != 0 {
+			if b.coldN++; b.coldN%every != 0 {
 				cfg = &b.cfg
 			}
 		}
@@ -795,7 +796,7 @@ func (b *uringBackend) judged(i int32, decided bool) {
 	if !decided {
 		if p.Walking() {
 			if b.uncached++; b.uncached > coldRun {
-				b.coldEvery = coldProbe + 1 // a probe missed
+				b.probeHit = false // a probe missed
 			}
 		}
 		if p.Renew {
@@ -812,10 +813,10 @@ func (b *uringBackend) judged(i int32, decided bool) {
 		switch {
 		case b.uncached < coldRun:
 			b.uncached = max(0, b.uncached-coldHit)
-		case b.coldEvery > coldExit:
-			b.coldEvery = coldExit // a probe: try again soon
+		case !b.probeHit:
+			b.probeHit = true // a probe: try again soon
 		default:
-			b.uncached, b.coldEvery = coldRun/2, coldProbe+1 // two in a row: the run is over
+			b.uncached, b.probeHit = coldRun/2, false // two in a row: the run is over
 		}
 	}
 	o := &b.s.ops[i]
