@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
-	"hash/crc32"
 )
 
 // Format constants. The layout of the header is documented byte by byte
@@ -35,18 +34,6 @@ const (
 	offKey         = 24
 	offHeaderCRC   = HeaderSize - 4 // covers hdr[0:offHeaderCRC]
 )
-
-// castagnoli is built once: crc32.MakeTable allocates, and with SSE4.2 the
-// Castagnoli polynomial is computed in hardware.
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
-// Checksum returns the CRC32C (Castagnoli) of b, the checksum used for both
-// the payload and the header. It does not allocate.
-func Checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
-
-// UpdateChecksum extends a CRC32C computed over earlier bytes with b, for
-// callers that see a payload in pieces. UpdateChecksum(0, b) == Checksum(b).
-func UpdateChecksum(crc uint32, b []byte) uint32 { return crc32.Update(crc, castagnoli, b) }
 
 // Header is a decoded block header.
 type Header struct {
