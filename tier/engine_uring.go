@@ -729,13 +729,15 @@ func (b *uringBackend) evaluate(i int32) {
 // sumAside is the payload from which a load's Judge runs on a goroutine
 // of its own, on an owner with a spare P on a local filesystem: its
 // checksum costs about what the kernel's copy of the payload cost the
-// owner, and the next copies no longer wait behind it. 2 MiB page-cache
-// loads on one ring of 2 CPUs (BenchmarkLoad, 5 interleaved rounds): 1.15x
-// (1.09-1.21) the keys a second of the owner judging them, at 1.1x its CPU
-// a load (the payload is read from another CPU's cache). 256 KiB ones
-// made 0.62-0.65x (the hand-over costs more than such a checksum); with a
-// ring per CPU, 2 MiB ones 0.71-0.86x (no P is spare for it).
-var sumAside = 1 << 20
+// owner, and the next copies no longer wait behind it. Page-cache loads on
+// one ring of 2 CPUs, judged aside against on the owner, with blockstore's
+// VPCLMULQDQ checksum (tierbench load --rings 1 --direct=false --depth 4
+// --batch 1, interleaved rounds): 8 MiB 1.12-1.45x the bytes a second at
+// 1.06-1.25x the CPU a load (3 rounds); 4 MiB 0.97-1.05x at 1.5x the CPU
+// (4); 2 MiB 0.79-0.83x at 1.6x (3; BenchmarkLoad, 4 rounds: 0.82-0.92x).
+// The hand-over costs more than a checksum of 4 MiB; with hash/crc32's,
+// 2.2x slower, 2 MiB ones were 1.15x aside.
+var sumAside = 8 << 20
 
 // sumAsideAll, when set (by tests), is sumAside for every ring, spare P or
 // not; asideStarted is called on the goroutine of each Judge run aside,
