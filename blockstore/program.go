@@ -117,7 +117,7 @@ const (
 	roleLookup role = iota
 	roleOpen
 	roleTail  // a read past the end of a block of the expected size
-	roleWhole // a vectored read of header, payload and past the end
+	roleWhole // a read of header, payload and past the end (vectored, or in the frame), or a vectored write of header and payload
 	roleHeader
 	rolePayload
 	roleDirSync // fsync of a directory: Path names it
@@ -346,6 +346,7 @@ type progress struct {
 	buf      []byte // the payload
 	hdr      []byte // HeaderSize bytes, aligned where O_DIRECT is used
 	past     []byte // HeaderSize bytes after hdr, for a vectored read past the block's end; or nil
+	frame    []byte // hdr, buf and past as one piece of memory (Start), or nil
 	direct   bool
 	phase    phase
 	fileOpen bool
@@ -491,13 +492,22 @@ func (c *Config) Check() error {
 // load or store (the caller's memory, kept until the program is decided);
 // hdr is HeaderSize bytes of the program's own, aligned for O_DIRECT, or
 // ScratchSize, which lets a load read header, payload and past the
-// block's end with one vectored read; direct asks loads and stores to
-// bypass the page cache (O_DIRECT: buf and hdr aligned to HeaderSize).
+// block's end with one vectored read; or buf's frame: HeaderSize bytes
+// before buf, buf and HeaderSize bytes after it, all one piece of memory
+// (hdr[HeaderSize:] starts at buf), so that a load reads header, payload
+// and past the end with one plain read (an engine may then read into a
+// registered buffer, whose pages the kernel need not pin as it pins each
+// iovec's).
+// direct asks loads and stores to bypass the page cache (O_DIRECT: buf
+// and hdr aligned to HeaderSize).
 func (p *Program) Start(cfg *Config, op Op, key, buf, hdr []byte, direct bool) error {
 	p.Op, p.N, p.Status, p.Err, p.Canceled, p.Renew = op, 0, StatusPending, nil, false, false
 	p.progress = progress{cfg: cfg, buf: buf, hdr: hdr, direct: direct, fd: -1}
 	p.DirFD = -1
-	if len(hdr) >= ScratchSize {
+	if len(buf) > 0 && len(hdr) == len(buf)+2*HeaderSize && &hdr[HeaderSize] == &buf[0] {
+		p.frame = hdr
+		p.hdr, p.past = hdr[:HeaderSize:HeaderSize], hdr[HeaderSize+len(buf):]
+	} else if len(hdr) >= ScratchSize {
 		p.hdr, p.past = hdr[:HeaderSize:HeaderSize], hdr[HeaderSize:ScratchSize:ScratchSize]
 	}
 	if op == OpStore && cfg.Format == FormatRaw {
@@ -579,6 +589,12 @@ func (p *Program) lay() {
 			// round trip (and a completion) instead of three. It closes
 			// whatever it read; a read that ends before the payload does
 			// is done again step by step (judgeLoad).
+			if p.frame != nil {
+				s = p.add(StepRead, roleWhole, LinkAlways)
+				s.Buf = p.frame[HeaderSize-off:]
+				p.add(StepClose, roleClose, LinkNone)
+				break
+			}
 			n := 0
 			for _, b := range [][]byte{p.hdr[:off], p.buf, p.past} {
 				if len(b) > 0 {

@@ -573,21 +573,37 @@ func TestProgramLoad(t *testing.T) {
 }
 
 // TestProgramLoadVectored: with ScratchSize of header memory a load reads
-// header, payload and past the end with one READV, hard-linked to the
-// close; a READV that ends before the payload does loads again step by
-// step, so a short read, a truncated file and a FIFO are judged as before.
+// header, payload and past the end with one READV, and with buf's frame
+// (the same memory in one piece, around buf) with one READ, hard-linked
+// to the close; a read that ends before the payload does loads again step
+// by step, so a short read, a truncated file and a FIFO are judged as
+// before.
 func TestProgramLoadVectored(t *testing.T) {
+	for _, framed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "scratch", true: "frame"}[framed], func(t *testing.T) { testProgramLoadOneRead(t, framed) })
+	}
+}
+
+func testProgramLoadOneRead(t *testing.T, framed bool) {
 	key := testKey(9, 32)
 	payload := testPayload(key, 3*HeaderSize)
 	good := blockFile(key, payload)
 	byStep := []StepOp{StepOpen, StepRead, StepRead, StepRead, StepClose}
 	vectored := []StepOp{StepOpen, StepReadv, StepClose}
+	if framed {
+		vectored = []StepOp{StepOpen, StepRead, StepClose}
+	}
 	load := func(t *testing.T, f *fakeFS, format Format) (*Program, [][]StepOp) {
 		p := new(Program)
 		cfg := testConfig(DurabilityNone)
 		cfg.Format = format
 		n := len(payload)
-		require.NoError(t, p.Start(cfg, OpLoad, key, make([]byte, n), make([]byte, ScratchSize), false))
+		buf, hdr := make([]byte, n), make([]byte, ScratchSize)
+		if framed {
+			hdr = make([]byte, n+2*HeaderSize)
+			buf = hdr[HeaderSize : HeaderSize+n : HeaderSize+n]
+		}
+		require.NoError(t, p.Start(cfg, OpLoad, key, buf, hdr, false))
 		return p, f.run(t, p)
 	}
 	t.Run("whole", func(t *testing.T) {
@@ -596,6 +612,11 @@ func TestProgramLoadVectored(t *testing.T) {
 		assert.Equal(t, payload, p.buf)
 		assert.Equal(t, [][]StepOp{vectored}, phases)
 		assert.Equal(t, []Link{LinkOnSuccess, LinkAlways, LinkNone}, []Link{p.Steps[0].Link, p.Steps[1].Link, p.Steps[2].Link})
+		if framed {
+			assert.Equal(t, HeaderSize+len(payload)+HeaderSize, len(p.Steps[1].Buf), "header, payload and past the end")
+			assert.Same(t, &p.frame[0], &p.Steps[1].Buf[0])
+			return
+		}
 		require.Len(t, p.Steps[1].Vec, 3)
 		assert.Equal(t, []uint64{HeaderSize, uint64(len(payload)), HeaderSize}, []uint64{p.Steps[1].Vec[0].Len, p.Steps[1].Vec[1].Len, p.Steps[1].Vec[2].Len})
 	})
@@ -604,6 +625,11 @@ func TestProgramLoadVectored(t *testing.T) {
 		require.Equal(t, StatusLoaded, p.Status, "%v", p.Err)
 		assert.Equal(t, payload, p.buf)
 		assert.Equal(t, [][]StepOp{vectored}, phases)
+		if framed {
+			assert.Same(t, &p.buf[0], &p.Steps[1].Buf[0], "payload and past the end: no header")
+			assert.Equal(t, len(payload)+HeaderSize, len(p.Steps[1].Buf))
+			return
+		}
 		assert.Len(t, p.Steps[1].Vec, 2, "payload and past the end: no header")
 	})
 	t.Run("appended", func(t *testing.T) {

@@ -1,12 +1,15 @@
 package tier
 
 import (
+	"unsafe"
+
 	"github.com/uringtier/uringtier/blockstore"
 	"github.com/uringtier/uringtier/uring"
 )
 
 // allocBuffers allocates Options.Buffers aligned buffers of BlockSize,
-// which the io_uring engine registers with every ring.
+// which the io_uring engine registers with every ring, each in a frame of
+// its own (frame).
 func (t *Tier) allocBuffers() error {
 	if t.opts.Buffers == 0 {
 		return nil
@@ -18,15 +21,35 @@ func (t *Tier) allocBuffers() error {
 	}
 	t.bufMem, t.bufStride = mem, stride
 	for k := range t.opts.Buffers {
-		t.buffers = append(t.buffers, mem[k*stride:k*stride+t.opts.BlockSize:k*stride+t.opts.BlockSize])
+		start := k*stride + blockstore.HeaderSize
+		t.buffers = append(t.buffers, mem[start:start+t.opts.BlockSize:start+t.opts.BlockSize])
+		t.frames = append(t.frames, mem[k*stride:(k+1)*stride])
 	}
 	return nil
 }
 
 // bufferStride is the distance between two buffers of blockSize: each
-// starts aligned for O_DIRECT.
+// starts aligned for O_DIRECT, HeaderSize bytes into a frame that ends
+// HeaderSize bytes after the buffer's last aligned page.
 func bufferStride(blockSize int) int {
-	return (blockSize + blockstore.HeaderSize - 1) / blockstore.HeaderSize * blockstore.HeaderSize
+	return (blockSize+blockstore.HeaderSize-1)/blockstore.HeaderSize*blockstore.HeaderSize + 2*blockstore.HeaderSize
+}
+
+// frame returns buf's frame for blockstore.Program.Start, when buf is the
+// start of one of the tier's buffers: a load then reads header, payload
+// and past the block's end with one READ_FIXED of a registered buffer,
+// whose pages the kernel does not pin IO by IO as it does an iovec's. It
+// returns nil otherwise.
+func (t *Tier) frame(buf []byte) []byte {
+	if len(buf) == 0 || len(t.bufMem) == 0 || !within(buf, t.bufMem) {
+		return nil
+	}
+	off := int(uintptr(unsafe.Pointer(&buf[0])) - uintptr(unsafe.Pointer(&t.bufMem[0])))
+	k := off / t.bufStride
+	if off != k*t.bufStride+blockstore.HeaderSize || len(buf)+2*blockstore.HeaderSize > t.bufStride {
+		return nil
+	}
+	return t.frames[k][:len(buf)+2*blockstore.HeaderSize]
 }
 
 // freeBuffers unmaps the buffers once no kernel operation can use them. It

@@ -261,7 +261,7 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	if b.hdrs, err = uring.AllocBuffer(n * blockstore.ScratchSize); err != nil {
 		return nil, fmt.Errorf("tier: %w", err)
 	}
-	if err = b.ring.RegisterBuffers(append([][]byte{b.hdrs}, t.buffers...)); err != nil {
+	if err = b.ring.RegisterBuffers(append([][]byte{b.hdrs}, t.frames...)); err != nil {
 		return nil, fmt.Errorf("tier: %w", err)
 	}
 	if f := b.ring.Flags(); !t.engine.OwnThreads || !spareP && f&uring.FlagDeferTaskrun != 0 && f&uring.FlagTaskrunFlag != 0 {
@@ -370,13 +370,27 @@ func (b *uringBackend) fail(err error) {
 // ud is the user_data of op i's step.
 func ud(i int32, step int) uint64 { return uint64(i)<<8 | uint64(step) }
 
+// scratch is op i's header memory for Program.Start: for a load into one
+// of the tier's registered buffers, where its one read past the block's
+// end is safe (hdrLen), the buffer's frame; else the op's own. Not for a
+// store: one buffer may be stored under two keys at once, and each needs
+// a header of its own (TestStoreFromBuffers).
+func (b *uringBackend) scratch(i int32, o *op) []byte {
+	if o.kind == OpLoad && b.hdrLen == blockstore.ScratchSize {
+		if f := b.t.frame(o.buf); f != nil {
+			return f
+		}
+	}
+	return b.hdr(i)
+}
+
 func (b *uringBackend) hdr(i int32) []byte {
 	off := int(i) * blockstore.ScratchSize
 	return b.hdrs[off : off+b.hdrLen : off+b.hdrLen]
 }
 
 // bufIndex returns the registered buffer index of buf: 0 when it lies in
-// the header buffers, k+1 within the tier's buffer k, or -1.
+// the header buffers, k+1 within the tier's buffer k's frame, or -1.
 func (b *uringBackend) bufIndex(buf []byte) int {
 	if within(buf, b.hdrs) {
 		return 0
@@ -428,7 +442,7 @@ func (b *uringBackend) start(i int32, o *op, done []int32) []int32 {
 		b.aside[i] = asidePool
 		b.nPooled++
 		b.pool.send(i)
-	} else if err := p.Start(cfg, programOp[o.kind], o.keyBytes(), o.buf, b.hdr(i), b.direct && aligned(o.buf)); err != nil {
+	} else if err := p.Start(cfg, programOp[o.kind], o.keyBytes(), o.buf, b.scratch(i, o), b.direct && aligned(o.buf)); err != nil {
 		o.status, o.err = StatusFailed, err
 		b.doneQ = append(b.doneQ, i)
 	} else {
