@@ -47,22 +47,37 @@ func lookupFixture(b *testing.B) string {
 }
 
 // runBatches keeps inflight requests in flight until total requests have
-// finished, calling submit(req) for each, and returns the time spent
-// inside submit and Poll.
-func runBatches(b *testing.B, tr *Tier, total, inflight int, submit func(req uint64) error) time.Duration {
+// finished, calling submit(req, slot) for each, and returns the time spent
+// inside submit and Poll. Requests finish in any order; when submit uses
+// req as the tier's request ID, slot (0 to inflight-1) is one that no
+// request in flight has: a load's buffer, which must be the tier's alone
+// until its Result is polled. (Otherwise slot is -1 once inflight requests
+// have been submitted.)
+func runBatches(b *testing.B, tr *Tier, total, inflight int, submit func(req uint64, slot int) error) time.Duration {
 	results := make([]Result, 8)
+	free, held := make([]int, 0, inflight), make([]int, total)
+	for s := inflight - 1; s >= 0; s-- {
+		free = append(free, s)
+	}
 	var caller time.Duration
 	next, done := 0, 0
 	for done < total {
 		for next < total && next-done < inflight {
+			slot := -1
+			if len(free) > 0 {
+				slot = free[len(free)-1]
+			}
 			t0 := time.Now()
-			err := submit(uint64(next))
+			err := submit(uint64(next), slot)
 			caller += time.Since(t0)
 			if err == ErrBusy {
 				break
 			}
 			if err != nil {
 				b.Fatal(err)
+			}
+			if slot >= 0 {
+				free, held[next] = free[:len(free)-1], slot+1
 			}
 			next++
 		}
@@ -74,6 +89,9 @@ func runBatches(b *testing.B, tr *Tier, total, inflight int, submit func(req uin
 				if k.Status == StatusFailed || k.Status == StatusTimedOut || k.Status == StatusCorrupt {
 					b.Fatalf("request %d: %v %v", r.Req, k.Status, k.Err)
 				}
+			}
+			if r.Req < uint64(total) && held[r.Req] > 0 {
+				free, held[r.Req] = append(free, held[r.Req]-1), 0
 			}
 		}
 		done += n
@@ -135,7 +153,7 @@ func BenchmarkLookup(b *testing.B) {
 			var caller time.Duration
 			cpu := processCPU(b)
 			for b.Loop() {
-				caller += runBatches(b, tr, batches, 2, func(req uint64) error {
+				caller += runBatches(b, tr, batches, 2, func(req uint64, _ int) error {
 					k := int(req) * lookupBatch
 					return tr.Lookup(req, keys[k:k+lookupBatch])
 				})
@@ -316,9 +334,8 @@ func BenchmarkLoad(b *testing.B) {
 					var caller time.Duration
 					cpu := processCPU(b)
 					for b.Loop() {
-						caller += runBatches(b, tr, sz.blocks, depth, func(req uint64) error {
-							i := int(req)
-							return tr.Load(req, [][]byte{testKey(i)}, bufs[i%depth:i%depth+1])
+						caller += runBatches(b, tr, sz.blocks, depth, func(req uint64, slot int) error {
+							return tr.Load(req, [][]byte{testKey(int(req))}, bufs[slot:slot+1])
 						})
 					}
 					keys := float64(b.N * sz.blocks)
@@ -387,7 +404,7 @@ func BenchmarkStore(b *testing.B) {
 					cpu := processCPU(b)
 					for b.Loop() {
 						base := run * perRun
-						caller += runBatches(b, tr, perRun, depth, func(req uint64) error {
+						caller += runBatches(b, tr, perRun, depth, func(req uint64, _ int) error {
 							i := int(req)
 							return tr.Store(uint64(base+i), [][]byte{testKey(1_000_000 + base + i)}, bufs[i%depth:i%depth+1])
 						})
@@ -428,12 +445,12 @@ func BenchmarkDelete(b *testing.B) {
 			req := uint64(0)
 			for b.Loop() {
 				b.StopTimer()
-				runBatches(b, tr, depth, depth, func(r uint64) error {
+				runBatches(b, tr, depth, depth, func(r uint64, _ int) error {
 					return tr.Store(req+r, keys[r*batch:(r+1)*batch], payload[r*batch:(r+1)*batch])
 				})
 				req += depth
 				b.StartTimer()
-				caller += runBatches(b, tr, depth, depth, func(r uint64) error { return tr.Delete(req+r, keys[r*batch:(r+1)*batch]) })
+				caller += runBatches(b, tr, depth, depth, func(r uint64, _ int) error { return tr.Delete(req+r, keys[r*batch:(r+1)*batch]) })
 				req += depth
 			}
 			n := float64(b.N * depth * batch)
@@ -458,12 +475,12 @@ func BenchmarkLookupCached(b *testing.B) {
 	}{{"engine=uring", EngineURing}, {"engine=sync", EngineSync}} {
 		b.Run(e.name, func(b *testing.B) {
 			tr := benchTier(b, dir, e.kind, func(o *Options) { o.LookupCacheTTL = time.Minute })
-			runBatches(b, tr, 1, 1, func(req uint64) error { return tr.Lookup(req, keys) })
+			runBatches(b, tr, 1, 1, func(req uint64, _ int) error { return tr.Lookup(req, keys) })
 			hits := tr.Stats().CacheHits
 			b.ReportAllocs()
 			var caller time.Duration
 			for b.Loop() {
-				caller += runBatches(b, tr, 4, 2, func(req uint64) error { return tr.Lookup(req, keys) })
+				caller += runBatches(b, tr, 4, 2, func(req uint64, _ int) error { return tr.Lookup(req, keys) })
 			}
 			n := float64(b.N) * 4 * lookupBatch
 			if got := float64(tr.Stats().CacheHits - hits); got != n {
@@ -537,7 +554,7 @@ func BenchmarkLookupCold(b *testing.B) {
 					b.Fatal(err)
 				}
 				b.StartTimer()
-				runBatches(b, tr, lookupKeys/lookupBatch, 2, func(req uint64) error {
+				runBatches(b, tr, lookupKeys/lookupBatch, 2, func(req uint64, _ int) error {
 					k := int(req) * lookupBatch
 					return tr.Lookup(req, keys[k:k+lookupBatch])
 				})

@@ -1,6 +1,7 @@
 package tier
 
 import (
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/uringtier/uringtier/blockstore"
@@ -25,6 +26,7 @@ func (t *Tier) allocBuffers() error {
 		t.buffers = append(t.buffers, mem[start:start+t.opts.BlockSize:start+t.opts.BlockSize])
 		t.frames = append(t.frames, mem[k*stride:(k+1)*stride])
 	}
+	t.frameBusy = make([]atomic.Bool, t.opts.Buffers)
 	return nil
 }
 
@@ -33,23 +35,6 @@ func (t *Tier) allocBuffers() error {
 // HeaderSize bytes after the buffer's last aligned page.
 func bufferStride(blockSize int) int {
 	return (blockSize+blockstore.HeaderSize-1)/blockstore.HeaderSize*blockstore.HeaderSize + 2*blockstore.HeaderSize
-}
-
-// frame returns buf's frame for blockstore.Program.Start, when buf is the
-// start of one of the tier's buffers: a load then reads header, payload
-// and past the block's end with one READ_FIXED of a registered buffer,
-// whose pages the kernel does not pin IO by IO as it does an iovec's. It
-// returns nil otherwise.
-func (t *Tier) frame(buf []byte) []byte {
-	if len(buf) == 0 || len(t.bufMem) == 0 || !within(buf, t.bufMem) {
-		return nil
-	}
-	off := int(uintptr(unsafe.Pointer(&buf[0])) - uintptr(unsafe.Pointer(&t.bufMem[0])))
-	k := off / t.bufStride
-	if off != k*t.bufStride+blockstore.HeaderSize || len(buf)+2*blockstore.HeaderSize > t.bufStride {
-		return nil
-	}
-	return t.frames[k][:len(buf)+2*blockstore.HeaderSize]
 }
 
 // freeBuffers unmaps the buffers once no kernel operation can use them. It
@@ -71,4 +56,21 @@ func (t *Tier) Buffers() [][]byte {
 		return nil
 	}
 	return t.buffers
+}
+
+// frame returns buf's frame for blockstore.Program.Start, and the
+// buffer's index, when buf is the start of one of the tier's buffers: a
+// load then reads header, payload and past the block's end with one
+// READ_FIXED of a registered buffer, whose pages the kernel does not pin
+// IO by IO as it does an iovec's. It returns nil otherwise.
+func (t *Tier) frame(buf []byte) (int, []byte) {
+	if len(buf) == 0 || len(t.bufMem) == 0 || !within(buf, t.bufMem) {
+		return 0, nil
+	}
+	off := int(uintptr(unsafe.Pointer(&buf[0])) - uintptr(unsafe.Pointer(&t.bufMem[0])))
+	k := off / t.bufStride
+	if off != k*t.bufStride+blockstore.HeaderSize || len(buf)+2*blockstore.HeaderSize > t.bufStride {
+		return 0, nil
+	}
+	return k, t.frames[k][:len(buf)+2*blockstore.HeaderSize]
 }

@@ -388,6 +388,29 @@ func testLoadCorrupt(t *testing.T, kind EngineKind, tierBuffers bool) {
 	assert.Len(t, q, 6)
 }
 
+// TestLoadOneBufferTwice: a caller that gives one of the tier's buffers to
+// two loads at once breaks Load's rule, and gets what two reads into one
+// buffer give; but no load judges the other's header, which the io_uring
+// engine reads into the buffer's frame: here both blocks hold the same
+// payload, and both load whole (with one ring and reads through the page
+// cache, the second read lands before the first load is judged).
+func TestLoadOneBufferTwice(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.Buffers, o.Rings, o.NoDirect = 1, 1, true })
+		payload := testPayload(7)
+		for i := range 2 {
+			require.NoError(t, tr.BlockStore().Put(tr.Namespace(), testKey(i), payload))
+		}
+		buf := tr.Buffers()[0]
+		require.NoError(t, tr.Load(1, testKeys(0, 1), [][]byte{buf, buf}))
+		r := await(t, tr, 1)[1]
+		for i, k := range r.Keys {
+			assert.Equal(t, StatusLoaded, k.Status, "key %d: %v", i, k.Err)
+		}
+		assert.Equal(t, payload, buf)
+	})
+}
+
 // TestLoadOtherBlockSize: a block stored whole at another block size is
 // someone else's, not damaged: a load reports it corrupt and leaves it, the
 // larger one too, whose end the reads past the block never reach.

@@ -83,6 +83,7 @@ type uringBackend struct {
 	chunk     uint32               // SQEs an owner queues before it submits them (submitChunk, or the SQ's size)
 	yield     bool                 // the owner yields its P after each chunk it submits
 	hdrLen    int                  // each program's header memory: ScratchSize (vectored loads) or HeaderSize
+	framed    []int32              // by op: 1 + the tier buffer whose frame it holds (scratch), or 0
 	progs     []blockstore.Program // op i's program; pinned: SQEs point into it until their CQEs
 	dirFD     []int                // the namespace directory op i resolves its paths beneath, for all its phases
 	await     []uint16             // op i's steps of its current phase without a result, a bit each
@@ -179,7 +180,7 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	// SQEs) without submitting mid-way.
 	entries := uint32(min(8192, max(64, 4*n)))
 	b := &uringBackend{t: t, s: s, ns: t.ns, direct: t.engine.Direct,
-		progs: make([]blockstore.Program, n), dirFD: make([]int, n), await: make([]uint16, n), sqEnd: make([]uint32, n), aside: make([]uint8, n),
+		progs: make([]blockstore.Program, n), dirFD: make([]int, n), await: make([]uint16, n), sqEnd: make([]uint32, n), aside: make([]uint8, n), framed: make([]int32, n),
 		cqes: make([]uring.CQE, 256), wakeC: make(chan struct{}, 1), timer: time.NewTimer(time.Hour)}
 	b.timer.Stop()
 	b.hdrLen = blockstore.ScratchSize
@@ -372,16 +373,33 @@ func ud(i int32, step int) uint64 { return uint64(i)<<8 | uint64(step) }
 
 // scratch is op i's header memory for Program.Start: for a load into one
 // of the tier's registered buffers, where its one read past the block's
-// end is safe (hdrLen), the buffer's frame; else the op's own. Not for a
-// store: one buffer may be stored under two keys at once, and each needs
-// a header of its own (TestStoreFromBuffers).
+// end is safe (hdrLen), the buffer's frame, unless another op has it (a
+// caller that gave one buffer to two loads at once, against Load's rule,
+// must not have one judge the other's header); else the op's own. Not
+// for a store: one buffer may be stored under two keys at once, and each
+// needs a header of its own (TestStoreFromBuffers).
 func (b *uringBackend) scratch(i int32, o *op) []byte {
 	if o.kind == OpLoad && b.hdrLen == blockstore.ScratchSize {
-		if f := b.t.frame(o.buf); f != nil {
+		if k, f := b.t.frame(o.buf); f != nil && b.t.frameBusy[k].CompareAndSwap(false, true) {
+			b.framed[i] = int32(k) + 1
 			return f
 		}
 	}
 	return b.hdr(i)
+}
+
+// flushDone appends the ops in doneQ to done, the kernel being finished
+// with them, and lets go of their frames.
+func (b *uringBackend) flushDone(done []int32) []int32 {
+	for _, i := range b.doneQ {
+		if k := b.framed[i]; k != 0 {
+			b.t.frameBusy[k-1].Store(false)
+			b.framed[i] = 0
+		}
+	}
+	done = append(done, b.doneQ...)
+	b.doneQ = b.doneQ[:0]
+	return done
 }
 
 func (b *uringBackend) hdr(i int32) []byte {
@@ -449,9 +467,7 @@ func (b *uringBackend) start(i int32, o *op, done []int32) []int32 {
 		b.dirFD[i] = b.ns.currentAt(o.started)
 		b.prepare(i)
 	}
-	done = append(done, b.doneQ...)
-	b.doneQ = b.doneQ[:0]
-	return done
+	return b.flushDone(done)
 }
 
 // prepare queues op i's current phase, one SQE per step, as one
@@ -915,9 +931,7 @@ func (b *uringBackend) wait(d time.Duration, done []int32) []int32 {
 	if b.broken == nil {
 		b.prepareNext()
 	}
-	done = append(done, b.doneQ...)
-	b.doneQ = b.doneQ[:0]
-	return done
+	return b.flushDone(done)
 }
 
 // pooled reports whether op o runs on the store pool: every store with

@@ -25,6 +25,7 @@ var conformanceSuite = []suiteTest{
 	{"TestLoad", TestLoad},
 	{"TestLoadCorrupt", TestLoadCorrupt},
 	{"TestLoadOtherBlockSize", TestLoadOtherBlockSize},
+	{"TestLoadOneBufferTwice", TestLoadOneBufferTwice},
 	{"TestCancelDuringSubmit", TestCancelDuringSubmit},
 	{"TestStore", TestStore},
 	{"TestStoreDirectoryVanished", TestStoreDirectoryVanished},

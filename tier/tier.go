@@ -34,6 +34,7 @@ type Tier struct {
 	bufMem    []byte            // the mapping behind buffers; nil once Close has unmapped it
 	bufStride int               // distance between buffers in bufMem
 	frames    [][]byte          // each buffer's frame (frame): what the io_uring engine registers
+	frameBusy []atomic.Bool     // by buffer: an io_uring op reads into its frame
 
 	calls sync.WaitGroup // submits and cancels between their closed check and their hand-over to shards
 	// closed: Close was called. Set under mu, so that a check under mu
