@@ -49,8 +49,11 @@ func (t *Tier) freeBuffers() {
 
 // Buffers returns the tier's aligned buffers (Options.Buffers of them,
 // BlockSize each): the fastest path for loads and stores, registered with
-// every ring and suitable for O_DIRECT. They are valid until Close; once
-// Close has been called, Buffers returns nil.
+// every ring and suitable for O_DIRECT. The io_uring engine reads a block
+// into one with one read whose pages the kernel need not pin, its header
+// and what lies past its end landing in memory of the tier's around the
+// buffer. They are valid until Close; once Close has been called, Buffers
+// returns nil.
 func (t *Tier) Buffers() [][]byte {
 	if t.closed.Load() {
 		return nil
