@@ -1,11 +1,11 @@
 package blockstore
 
-// The load program: open, one vectored read of header (framed format),
-// payload and past the end, close; or, for a block too big for one read
-// or after a vectored read that ended early, a read each for past the
-// end, header and payload, where a short read reads on. Something odd is
-// looked at; a corrupt file goes to the quarantine or is removed, as
-// Config.Corrupt says.
+// The load program: open, one read of header (framed format), payload
+// and past the end (vectored, or plain into the payload's frame: Start),
+// close; or, for a block too big for one read or after the one read
+// ended early, a read each for past the end, header and payload, where a
+// short read reads on. Something odd is looked at; a corrupt file goes to
+// the quarantine or is removed, as Config.Corrupt says.
 
 import (
 	"fmt"
@@ -122,8 +122,8 @@ func (p *Program) judgeLoad() bool {
 }
 
 // readByStep loads again with a read each for the part past the end, the
-// header and the payload, which read on after a short read: the vectored
-// read ended before the payload did (a file shorter than a block, or a
+// header and the payload, which read on after a short read: the one read
+// ended before the payload did (a file shorter than a block, or a
 // filesystem that returned less than it had).
 func (p *Program) readByStep() bool {
 	if p.Canceled {
