@@ -194,9 +194,10 @@ type Options struct {
 	// CPUs bound it to that many CPUs. With fewer rings than GOMAXPROCS a
 	// caller finds a P whatever the owners hold, so an owner never yields
 	// its P, one that keeps a thread sleeps in io_uring_enter, and the
-	// checksums of loads of 1 MiB or more through the page cache run on
-	// goroutines of their own (2 MiB loads on one ring of 2 CPUs: 1.15x
-	// the keys a second of the owner checksumming them itself). Against
+	// checksums of loads of 8 MiB or more through the page cache run on
+	// goroutines of their own (8 MiB loads on one ring of 2 CPUs:
+	// 1.12-1.45x the bytes a second of the owner checksumming them
+	// itself). Against
 	// the engine's first design (owners asleep in the kernel, holding a P;
 	// one ring on 2 CPUs and STATX lookups by default), BenchmarkLookup,
 	// 1,024-key batches, medians of 5 interleaved rounds of per-round
