@@ -405,9 +405,10 @@ func (p *Program) Walking() bool { return p.phase == phaseWalk }
 
 // Sums reports how many payload bytes the next Judge may checksum that the
 // phase's reads just copied through the CPU: a framed load's read phase,
-// not O_DIRECT. Its Judge then costs about what the copy did (CRC32C, 24
-// GB/s here), so that an engine may run it away from the thread that
-// drives the kernel. Judge writes nothing outside p.
+// not O_DIRECT. Its Judge then costs a good part of what the copy did
+// (CRC32C, 50 GB/s over a payload in the cache here), so that an engine
+// may run it away from the thread that drives the kernel. Judge writes
+// nothing outside p.
 func (p *Program) Sums() int {
 	if p.Op != OpLoad || p.direct || p.cfg.Format == FormatRaw || p.phase != phaseMain && p.phase != phaseResume {
 		return 0
