@@ -9,8 +9,8 @@ import (
 )
 
 // allocBuffers allocates Options.Buffers aligned buffers of BlockSize,
-// which the io_uring engine registers with every ring, each in a frame of
-// its own (frame).
+// each in a frame of its own (frame), which the io_uring engine registers
+// with every ring where the kernel takes a buffer that large.
 func (t *Tier) allocBuffers() error {
 	if t.opts.Buffers == 0 {
 		return nil
@@ -24,11 +24,18 @@ func (t *Tier) allocBuffers() error {
 	for k := range t.opts.Buffers {
 		start := k*stride + blockstore.HeaderSize
 		t.buffers = append(t.buffers, mem[start:start+t.opts.BlockSize:start+t.opts.BlockSize])
-		t.frames = append(t.frames, mem[k*stride:(k+1)*stride])
+		if stride <= registeredMax {
+			t.frames = append(t.frames, mem[k*stride:(k+1)*stride])
+		}
 	}
-	t.frameBusy = make([]atomic.Bool, t.opts.Buffers)
+	t.frameBusy = make([]atomic.Bool, len(t.frames))
 	return nil
 }
+
+// registeredMax is the largest buffer the kernel registers (1 GiB; more
+// fails with EFAULT). Buffers whose frames are larger stay unregistered:
+// loads and stores use them as they use the caller's memory.
+const registeredMax = 1 << 30
 
 // bufferStride is the distance between two buffers of blockSize: each
 // starts aligned for O_DIRECT, HeaderSize bytes into a frame that ends
@@ -67,7 +74,7 @@ func (t *Tier) Buffers() [][]byte {
 // READ_FIXED of a registered buffer, whose pages the kernel does not pin
 // IO by IO as it does an iovec's. It returns nil otherwise.
 func (t *Tier) frame(buf []byte) (int, []byte) {
-	if len(buf) == 0 || len(t.bufMem) == 0 || !within(buf, t.bufMem) {
+	if len(buf) == 0 || len(t.frames) == 0 || !within(buf, t.bufMem) {
 		return 0, nil
 	}
 	off := int(uintptr(unsafe.Pointer(&buf[0])) - uintptr(unsafe.Pointer(&t.bufMem[0])))

@@ -414,6 +414,23 @@ func TestLoadOneBufferTwice(t *testing.T) {
 	})
 }
 
+// TestBuffersOfAGiB: a tier's buffers of 1 GiB and more are too large for
+// the kernel to register with their frames (IORING_REGISTER_BUFFERS fails
+// with EFAULT over 1 GiB a buffer): the tier opens with them unregistered,
+// and a lookup through it answers.
+func TestBuffersOfAGiB(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		for _, size := range []int{1 << 30, 1<<30 + 4096} {
+			tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.BlockSize, o.Buffers = size, 1 })
+			require.Len(t, tr.Buffers(), 1)
+			assert.Len(t, tr.Buffers()[0], size)
+			require.NoError(t, tr.Lookup(1, testKeys(0)))
+			assert.Equal(t, []Status{StatusMissing}, statuses(await(t, tr, 1)[1]))
+			require.NoError(t, tr.Close(context.Background()))
+		}
+	})
+}
+
 // TestLoadOtherBlockSize: a block stored whole at another block size is
 // someone else's, not damaged: a load reports it corrupt and leaves it, the
 // larger one too, whose end the reads past the block never reach.

@@ -414,13 +414,14 @@ func (b *uringBackend) hdr(i int32) []byte {
 }
 
 // bufIndex returns the registered buffer index of buf: 0 when it lies in
-// the header buffers, k+1 within the tier's buffer k's frame, or -1.
+// the header buffers, k+1 within the tier's buffer k's frame (registered:
+// allocBuffers), or -1.
 func (b *uringBackend) bufIndex(buf []byte) int {
 	if within(buf, b.hdrs) {
 		return 0
 	}
 	mem := b.t.bufMem
-	if len(mem) == 0 || !within(buf, mem) {
+	if len(b.t.frames) == 0 || !within(buf, mem) {
 		return -1
 	}
 	base := uintptr(unsafe.Pointer(&mem[0]))

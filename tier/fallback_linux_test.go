@@ -26,6 +26,7 @@ var conformanceSuite = []suiteTest{
 	{"TestLoadCorrupt", TestLoadCorrupt},
 	{"TestLoadOtherBlockSize", TestLoadOtherBlockSize},
 	{"TestLoadOneBufferTwice", TestLoadOneBufferTwice},
+	{"TestBuffersOfAGiB", TestBuffersOfAGiB},
 	{"TestCancelDuringSubmit", TestCancelDuringSubmit},
 	{"TestStore", TestStore},
 	{"TestStoreDirectoryVanished", TestStoreDirectoryVanished},

@@ -261,7 +261,9 @@ type Options struct {
 	// Buffers is how many aligned, registered buffers of BlockSize the
 	// tier allocates for callers (Tier.Buffers). Default 0, at most 16,383
 	// (a ring registers at most 16,384 buffers, one of them the tier's
-	// own) and 64 GiB in all.
+	// own) and 64 GiB in all. Each takes 8 KiB more around it, and with
+	// that more than the kernel's 1 GiB a registered buffer, they are not
+	// registered.
 	Buffers int
 	// Capacity bounds the bytes of block files in the namespace directory,
 	// whoever wrote them; 0: no bound. With a bound, the tiers sharing the

@@ -33,8 +33,8 @@ type Tier struct {
 	buffers   [][]byte          // aligned buffers offered to callers; immutable after Open
 	bufMem    []byte            // the mapping behind buffers; nil once Close has unmapped it
 	bufStride int               // distance between buffers in bufMem
-	frames    [][]byte          // each buffer's frame (frame): what the io_uring engine registers
-	frameBusy []atomic.Bool     // by buffer: an io_uring op reads into its frame
+	frames    [][]byte          // each buffer's frame (frame), which the io_uring engine registers; none if too large
+	frameBusy []atomic.Bool     // by frame: an io_uring op reads into it
 
 	calls sync.WaitGroup // submits and cancels between their closed check and their hand-over to shards
 	// closed: Close was called. Set under mu, so that a check under mu
