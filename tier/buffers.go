@@ -8,17 +8,22 @@ import (
 	"github.com/uringtier/uringtier/uring"
 )
 
-// allocBuffers allocates Options.Buffers aligned buffers of BlockSize,
-// each in a frame of its own (frame), which the io_uring engine registers
-// with every ring where the kernel takes a buffer that large.
+// allocBuffers lays out Options.Buffers aligned buffers of BlockSize in
+// Options.BufferMemory, or in memory it maps, each in a frame of its own
+// (frame), which the io_uring engine registers with every ring where the
+// kernel takes a buffer that large.
 func (t *Tier) allocBuffers() error {
 	if t.opts.Buffers == 0 {
 		return nil
 	}
 	stride := bufferStride(t.opts.BlockSize)
-	mem, err := uring.AllocBuffer(stride * t.opts.Buffers)
-	if err != nil {
-		return err
+	mem := t.opts.BufferMemory
+	if mem == nil {
+		var err error
+		if mem, err = uring.AllocBuffer(stride * t.opts.Buffers); err != nil {
+			return err
+		}
+		t.bufMapped = true
 	}
 	t.bufMem, t.bufStride = mem, stride
 	for k := range t.opts.Buffers {
@@ -37,6 +42,10 @@ func (t *Tier) allocBuffers() error {
 // loads and stores use them as they use the caller's memory.
 const registeredMax = 1 << 30
 
+// BuffersSize is the memory n buffers of blockSize take with their frames:
+// what Options.BufferMemory must hold.
+func BuffersSize(blockSize, n int) int { return bufferStride(blockSize) * n }
+
 // bufferStride is the distance between two buffers of blockSize: each
 // starts aligned for O_DIRECT, HeaderSize bytes into a frame that ends
 // HeaderSize bytes after the buffer's last aligned page.
@@ -44,14 +53,15 @@ func bufferStride(blockSize int) int {
 	return (blockSize+blockstore.HeaderSize-1)/blockstore.HeaderSize*blockstore.HeaderSize + 2*blockstore.HeaderSize
 }
 
-// freeBuffers unmaps the buffers once no kernel operation can use them. It
-// leaves t.buffers alone, which Buffers may be reading meanwhile; the
-// owners, the only readers of t.bufMem, are gone.
+// freeBuffers unmaps the buffers once no kernel operation can use them,
+// unless they are the caller's (Options.BufferMemory). It leaves t.buffers
+// alone, which Buffers may be reading meanwhile; the owners, the only
+// readers of t.bufMem, are gone.
 func (t *Tier) freeBuffers() {
-	if t.bufMem != nil {
+	if t.bufMem != nil && t.bufMapped {
 		uring.FreeBuffer(t.bufMem)
-		t.bufMem = nil
 	}
+	t.bufMem = nil
 }
 
 // Buffers returns the tier's aligned buffers (Options.Buffers of them,

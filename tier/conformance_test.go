@@ -22,6 +22,7 @@ import (
 
 	"github.com/uringtier/uringtier/blockstore"
 	"github.com/uringtier/uringtier/linux_test/noring"
+	"github.com/uringtier/uringtier/uring"
 	"golang.org/x/sys/unix"
 )
 
@@ -428,6 +429,58 @@ func TestBuffersOfAGiB(t *testing.T) {
 			assert.Equal(t, []Status{StatusMissing}, statuses(await(t, tr, 1)[1]))
 			require.NoError(t, tr.Close(context.Background()))
 		}
+	})
+}
+
+// TestBufferMemory: buffers laid out in the caller's memory
+// (Options.BufferMemory) store and load as the tier's own do, a load's
+// header landing in that memory in front of the buffer (the io_uring
+// engine's O_DIRECT loads, one READ_FIXED), and Close leaves the memory
+// mapped, the caller's.
+func TestBufferMemory(t *testing.T) {
+	size := BuffersSize(testBlockSize, 2)
+	require.Equal(t, 2*bufferStride(testBlockSize), size)
+	mem, err := uring.AllocBuffer(size + blockstore.HeaderSize)
+	require.NoError(t, err)
+	t.Cleanup(func() { uring.FreeBuffer(mem) })
+	for _, c := range []struct {
+		buffers int
+		mem     []byte
+		want    string
+	}{
+		{0, mem[:size], "BufferMemory without Buffers"},
+		{2, mem[:size-1], fmt.Sprintf("BufferMemory of %d bytes for Buffers 2 of BlockSize %d (want BuffersSize: %d)", size-1, testBlockSize, size)},
+		{2, mem[1 : size+1], "want a 4 KiB boundary"},
+	} {
+		_, err := Open(t.TempDir(), Options{BlockSize: testBlockSize, Buffers: c.buffers, BufferMemory: c.mem})
+		require.ErrorIs(t, err, ErrInvalidOptions)
+		assert.Contains(t, err.Error(), c.want)
+	}
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		mem, err := uring.AllocBuffer(size) // a whole mapping: one the tier could unmap
+		require.NoError(t, err)
+		t.Cleanup(func() { uring.FreeBuffer(mem) })
+		tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.Buffers, o.BufferMemory = 2, mem })
+		bufs := tr.Buffers()
+		stride := bufferStride(testBlockSize)
+		for i, b := range bufs {
+			require.Len(t, b, testBlockSize)
+			require.Same(t, &mem[i*stride+blockstore.HeaderSize], &b[0], "buffer %d", i)
+		}
+		copy(bufs[0], testPayload(3))
+		require.NoError(t, tr.Store(1, testKeys(3), bufs[:1]))
+		require.Equal(t, StatusStored, await(t, tr, 1)[1].Keys[0].Status)
+		require.NoError(t, tr.Load(2, testKeys(3), bufs[1:]))
+		require.Equal(t, StatusLoaded, await(t, tr, 2)[2].Keys[0].Status)
+		assert.Equal(t, testPayload(3), bufs[1])
+		if e := tr.Engine(); e.Kind == EngineURing && e.Direct && e.Inline && !e.LoadsSync {
+			h, err := blockstore.DecodeHeader(mem[stride : stride+blockstore.HeaderSize])
+			require.NoError(t, err, "the header in front of buffer 1")
+			assert.Equal(t, testKey(3), h.Key)
+		}
+		require.NoError(t, tr.Close(context.Background()))
+		assert.Nil(t, tr.Buffers())
+		assert.Equal(t, testPayload(3), mem[stride+blockstore.HeaderSize:stride+blockstore.HeaderSize+testBlockSize], "the memory, still mapped, is the caller's")
 	})
 }
 

@@ -6,6 +6,7 @@ import (
 	"os"
 	"runtime"
 	"time"
+	"unsafe"
 
 	"github.com/uringtier/uringtier/blockstore"
 )
@@ -265,6 +266,17 @@ type Options struct {
 	// that more than the kernel's 1 GiB a registered buffer, they are not
 	// registered.
 	Buffers int
+	// BufferMemory, when not nil, is the memory the Buffers are laid out
+	// in, instead of memory Open maps: BuffersSize(BlockSize, Buffers)
+	// bytes or more, from a 4 KiB boundary. It is for callers whose views
+	// of the buffers must outlive the tier (the C ABI's ut_open_buffers,
+	// Python's Tier(buffers=N)): the tier never frees it. Loads write the
+	// memory around each buffer too (a block's header before it, what
+	// the file holds past its end after it), so the caller leaves all of
+	// it alone but the buffers, and keeps it allocated as it keeps a
+	// load's buffers: until Close has returned and the release of every
+	// buffer a result reported held (Result.Held) has been polled.
+	BufferMemory []byte
 	// Capacity bounds the bytes of block files in the namespace directory,
 	// whoever wrote them; 0: no bound. With a bound, the tiers sharing the
 	// directory (processes, hosts) elect one evictor through a lock on
@@ -399,8 +411,18 @@ func (o *Options) validate() error {
 		}
 	}
 	// Both factors are bounded above, so the product cannot overflow.
-	if n := int64(o.Buffers) * int64(bufferStride(o.BlockSize)); n > buffersSizeBound {
+	n := int64(o.Buffers) * int64(bufferStride(o.BlockSize))
+	if n > buffersSizeBound {
 		return bad("Buffers %d of BlockSize %d map %d bytes (want at most %d)", o.Buffers, o.BlockSize, n, buffersSizeBound)
+	}
+	switch m := o.BufferMemory; {
+	case m == nil:
+	case o.Buffers == 0:
+		return bad("BufferMemory without Buffers")
+	case int64(len(m)) < n:
+		return bad("BufferMemory of %d bytes for Buffers %d of BlockSize %d (want BuffersSize: %d)", len(m), o.Buffers, o.BlockSize, n)
+	case !aligned(m[:0]):
+		return bad("BufferMemory at %p (want a 4 KiB boundary)", unsafe.SliceData(m))
 	}
 	switch {
 	case o.LookupTimeout < 0 || o.IOTimeout < 0 || o.EvictInterval < 0:
