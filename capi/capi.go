@@ -19,16 +19,52 @@ import (
 // exported for shim.c only and are not part of the ABI.
 
 //export utgo_open
-func utgo_open(dir, options *C.char, out *C.ut_tier) C.int {
+func utgo_open(dir, options *C.char, mem unsafe.Pointer, memSize, n C.size_t, out *C.ut_tier) C.int {
 	if dir == nil || out == nil {
 		return fail(fmt.Errorf("%w: ut_open: dir and out must not be NULL", errArg))
 	}
-	h, err := open(C.GoString(dir), C.GoString(options)) // GoString(NULL) is ""
+	if n > 0 && (mem == nil || !sane(memSize, 1)) || n > math.MaxInt32 {
+		return fail(fmt.Errorf("%w: ut_open_buffers: %d buffers in %d bytes at %p", errArg, uint64(n), uint64(memSize), mem))
+	}
+	var buffers []byte
+	if n > 0 {
+		buffers = unsafe.Slice((*byte)(mem), memSize)
+	}
+	h, err := open(C.GoString(dir), C.GoString(options), buffers, int(n)) // GoString(NULL) is ""
 	if err != nil {
 		return fail(err)
 	}
 	*out = h
 	return C.UT_OK
+}
+
+//export utgo_buffers_size
+func utgo_buffers_size(blockSize, n C.size_t) C.size_t {
+	if blockSize == 0 || blockSize > 1<<40 || n > 1<<20 { // beyond any tier's bounds; no overflow
+		return 0
+	}
+	return C.size_t(tier.BuffersSize(int(blockSize), int(n)))
+}
+
+//export utgo_buffers
+func utgo_buffers(h C.ut_tier, bufs *unsafe.Pointer, capacity C.size_t) C.int {
+	c, err := acquire(h)
+	if err != nil {
+		return fail(err)
+	}
+	defer c.mu.RUnlock()
+	if (bufs == nil && capacity > 0) || !sane(capacity, unsafe.Sizeof(*bufs)) {
+		return fail(fmt.Errorf("%w: ut_buffers: %d addresses at %p", errArg, uint64(capacity), bufs))
+	}
+	b := c.t.Buffers()
+	if b == nil && c.buffers > 0 {
+		return fail(fmt.Errorf("%w: ut_buffers", tier.ErrClosed))
+	}
+	dst := unsafe.Slice(bufs, capacity)
+	for i := range min(len(dst), len(b)) {
+		dst[i] = unsafe.Pointer(&b[i][0])
+	}
+	return C.int(len(b))
 }
 
 //export utgo_submit

@@ -20,6 +20,7 @@ import (
 type ctier struct {
 	t        *tier.Tier
 	batchMax int           // the tier's BatchMax, checked before reading the caller's arrays; immutable
+	buffers  int           // buffers in the caller's memory (ut_open_buffers); immutable
 	efd      int           // readable when results wait; closed by free
 	stop     chan struct{} // closed by free: ends notify
 	stopped  chan struct{} // closed when notify has returned
@@ -43,7 +44,7 @@ var (
 )
 
 // open opens a tier and registers it under a new handle.
-func open(dir, options string) (C.ut_tier, error) {
+func open(dir, options string, buffers []byte, n int) (C.ut_tier, error) {
 	o, err := parseOptions(options)
 	if err != nil {
 		return 0, err
@@ -52,6 +53,7 @@ func open(dir, options string) (C.ut_tier, error) {
 	if err != nil {
 		return 0, err
 	}
+	opts.Buffers, opts.BufferMemory = n, buffers
 	t, err := tier.Open(dir, opts)
 	if err != nil {
 		return 0, err
@@ -70,6 +72,7 @@ func open(dir, options string) (C.ut_tier, error) {
 	c := &ctier{
 		t:        t,
 		batchMax: batchMax,
+		buffers:  n,
 		efd:      efd,
 		stop:     make(chan struct{}),
 		stopped:  make(chan struct{}),

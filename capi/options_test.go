@@ -94,7 +94,7 @@ func TestOpenCapacityOptions(t *testing.T) {
 		{"block_size=4096 evict_interval=-1s", "negative duration"},
 	} {
 		t.Run(tc.options, func(t *testing.T) {
-			_, err := open(t.TempDir(), tc.options)
+			_, err := open(t.TempDir(), tc.options, nil, 0)
 			require.ErrorIs(t, err, tier.ErrInvalidOptions)
 			require.ErrorContains(t, err, tc.message)
 			require.Equal(t, utEOptions, int(code(err)))
@@ -227,7 +227,7 @@ func TestDefaultRings(t *testing.T) {
 		{"block_size=4096 engine=uring", defaultRings(runtime.GOMAXPROCS(0))},
 		{"block_size=4096 engine=uring rings=2", 2},
 	} {
-		h, err := open(t.TempDir(), tc.options)
+		h, err := open(t.TempDir(), tc.options, nil, 0)
 		require.NoError(t, err)
 		c, err := acquire(h)
 		require.NoError(t, err)

@@ -89,7 +89,29 @@ const char *ut_last_error(void) { return ut_err; }
 
 int ut_open(const char *dir, const char *options, ut_tier *out) {
 	UT_GUARD();
-	return utgo_open((char *)dir, (char *)options, out);
+	return utgo_open((char *)dir, (char *)options, NULL, 0, 0, out);
+}
+
+size_t ut_buffers_size(size_t block_size, size_t n) {
+	if (ut_forked) {
+		ut_fork_error();
+		return 0;
+	}
+	return utgo_buffers_size(block_size, n);
+}
+
+int ut_open_buffers(const char *dir, const char *options, void *mem, size_t mem_size, size_t n, ut_tier *out) {
+	UT_GUARD();
+	if (n == 0) {
+		snprintf(ut_err, sizeof ut_err, "uringtier: bad argument: ut_open_buffers: n is 0 (use ut_open)");
+		return UT_EARG;
+	}
+	return utgo_open((char *)dir, (char *)options, mem, mem_size, n, out);
+}
+
+int ut_buffers(ut_tier t, void **bufs, size_t cap) {
+	UT_GUARD();
+	return utgo_buffers(t, bufs, cap);
 }
 
 int ut_lookup(ut_tier t, uint64_t req, const void *keys, size_t keys_size, const uint32_t *key_sizes,

@@ -71,8 +71,8 @@ extern "C" {
 
 /* UT_ABI_VERSION changes whenever a declaration below changes meaning.
  * 2: ut_delete, UT_OP_DELETE, UT_DELETED (a success: UT_OK_STATUS), UT_FULL;
- * the capacity options. */
-#define UT_ABI_VERSION 2
+ * the capacity options. 3: ut_buffers_size, ut_open_buffers, ut_buffers. */
+#define UT_ABI_VERSION 3
 
 /* A tier handle. 0 is never a valid handle; a freed handle is never reused. */
 typedef uint64_t ut_tier;
@@ -223,6 +223,35 @@ const char *ut_last_error(void);
  * Returns UT_OK, UT_EOPTIONS or UT_EIO (ut_last_error says why).
  */
 int ut_open(const char *dir, const char *options, ut_tier *out);
+
+/*
+ * The tier's buffers, in the caller's memory: ut_open_buffers opens a tier
+ * as ut_open does, with n buffers of the block size laid out in mem, which
+ * holds mem_size bytes, at least ut_buffers_size(block_size, n), from a
+ * 4 KiB boundary (mmap, or aligned_alloc(4096, ...)). ut_buffers gives
+ * their addresses. Loads and stores take them as any buffers, and they are
+ * the fastest: page-aligned, registered with the io_uring engine, which
+ * reads a block into one with one read (O_DIRECT, no page pinned per read),
+ * its header landing in the 4 KiB before the buffer. So the library writes
+ * mem outside the buffers too: leave that memory alone, and keep all of mem
+ * allocated under the rule for a load's buffers (see Memory): until the
+ * results of its loads and stores have been polled, ut_close has returned,
+ * and any UT_OP_RELEASE has been polled. The library never frees mem.
+ */
+
+/* ut_buffers_size returns the bytes of memory n buffers of block_size take,
+ * or 0 if either is out of range. */
+size_t ut_buffers_size(size_t block_size, size_t n);
+
+/* ut_open_buffers is ut_open with n (> 0) buffers in mem (above). Returns
+ * UT_OK, UT_EOPTIONS (mem_size too small, mem not on a 4 KiB boundary, too
+ * many buffers), UT_EARG or UT_EIO. */
+int ut_open_buffers(const char *dir, const char *options, void *mem, size_t mem_size, size_t n, ut_tier *out);
+
+/* ut_buffers writes the addresses of the tier's buffers, in order, into
+ * bufs (up to cap of them) and returns how many there are: 0 for a tier of
+ * ut_open, UT_ECLOSED once ut_close has been called. */
+int ut_buffers(ut_tier t, void **bufs, size_t cap);
 
 /*
  * Submits. Each returns at once: UT_OK (queued: exactly one result will

@@ -166,6 +166,32 @@ class Conformance:
         for i in range(3):
             self.assertEqual(out[i].tobytes(), payload(i, BLOCK))
 
+    def test_buffers(self: Base) -> None:
+        # The Tier's own buffers: page-aligned memoryviews, stored from and loaded into; with
+        # io_uring and O_DIRECT a load is one read, the block's header landing in the page before
+        # the buffer (memory of the Tier's); the views stay valid memory after close.
+        tier = self.open(buffers=2)
+        self.assertEqual([len(b) for b in tier.buffers], [BLOCK, BLOCK])
+        addrs = [ctypes.addressof(ctypes.c_char.from_buffer(b)) for b in tier.buffers]
+        self.assertEqual([a % 4096 for a in addrs], [0, 0])
+        tier.buffers[0][:] = payload(5, BLOCK)
+        tier.store(1, [key(5, "buf")], tier.buffers[:1])
+        self.assertEqual(collect(tier, [1])[1].statuses, [Status.STORED])
+        tier.load(2, [key(5, "buf")], tier.buffers[1:])
+        self.assertEqual(collect(tier, [2])[2].statuses, [Status.LOADED])
+        self.assertEqual(tier.buffers[1].tobytes(), payload(5, BLOCK))
+        e = tier.engine
+        if e.kind == "uring" and e.direct and e.inline and not e.loads_sync:
+            before = (ctypes.c_char * 4096).from_address(addrs[1] - 4096).raw
+            self.assertTrue(key(5, "buf") in before, "the header, naming the key, in front of buffer 1")
+        tier.close()
+        self.assertEqual(tier.buffers[1].tobytes(), payload(5, BLOCK))
+        tier.buffers[1][:4] = b"mine"
+        for n, block_size in [(-1, BLOCK), (1, 0)]:
+            with self.subTest(buffers=n, block_size=block_size):
+                with self.assertRaisesRegex(uringtier.InvalidOptionsError, "buffers="):
+                    uringtier.Tier(self.dir, block_size, engine=self.engine, buffers=n)
+
     def test_store_read_back_by_go(self: Base) -> None:
         # Blocks for capi/python_test.go to load through the Go tier after this run and check: 16
         # keys sha256("readback-<i>") with payload(i), in namespace readback-<engine>.

@@ -36,7 +36,7 @@ from .errors import (
 LIBRARY_ENV = "URINGTIER_LIBRARY"
 """Environment variable naming the library to load instead of the one inside the package."""
 
-ABI_VERSION = 2  # UT_ABI_VERSION in uringtier.h
+ABI_VERSION = 3  # UT_ABI_VERSION in uringtier.h
 
 # Error codes (enum ut_error).
 EBUSY, ECLOSED, EINVAL, EOPTIONS, EHANDLE, ESTUCK, EFORK, EIO, ERANGE, EARG, EBROKEN = range(-1, -12, -1)
@@ -75,6 +75,9 @@ _PROTOTYPES = {
     "ut_strerror": (c_char_p, [c_int], False),
     "ut_last_error": (c_char_p, [], False),
     "ut_open": (c_int, [c_char_p, c_char_p, POINTER(c_uint64)], True),
+    "ut_buffers_size": (c_size_t, [c_size_t, c_size_t], False),
+    "ut_open_buffers": (c_int, [c_char_p, c_char_p, c_void_p, c_size_t, c_size_t, POINTER(c_uint64)], True),
+    "ut_buffers": (c_int, [c_uint64, POINTER(c_void_p), c_size_t], False),
     "ut_lookup": (c_int, [c_uint64, c_uint64, c_char_p, c_size_t, c_void_p, c_size_t], False),
     "ut_lookup_prefix": (c_int, [c_uint64, c_uint64, c_char_p, c_size_t, c_void_p, c_size_t], False),
     "ut_delete": (c_int, [c_uint64, c_uint64, c_char_p, c_size_t, c_void_p, c_size_t], False),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import json
+import mmap
 import operator
 import os
 import threading
@@ -170,6 +171,12 @@ class Tier:
     request's Result has been polled; if that Result has ``held`` > 0, until an Op.RELEASE Result
     with the same ``req``. The Tier keeps the exports and references meanwhile.
 
+    With ``buffers=N`` the Tier allocates N buffers of block_size bytes (``Tier.buffers``, writable
+    memoryviews): the fastest memory to load into and store from. They are page-aligned and
+    registered with the io_uring engine, which reads a block into one with one O_DIRECT read whose
+    pages the kernel need not pin, where a load into other memory takes a vectored read with every
+    page pinned and unpinned. They stay valid Python memory after close.
+
     Methods are safe to call from several threads; results go to whichever thread polls.
 
     Args:
@@ -206,6 +213,8 @@ class Tier:
             seconds, so that the evictor in any process sees the use; 0: off (default 60 with a
             bound, else off).
         close_timeout: how long ``with`` waits for the filesystem when closing, in seconds.
+        buffers: how many buffers of block_size the Tier allocates for loads and stores
+            (``Tier.buffers``; default 0).
         **options: further options of ut_open by name (cache_size, rings, ops_max, workers_max,
             sync_workers, breaker_threshold, lookup_op, direct, format, on_corrupt, layout, and
             layout="vllm"'s model, rank, group, vllm_base, vllm_config, parallel_agnostic); see
@@ -245,6 +254,7 @@ class Tier:
         evict_interval: float | None = None,
         touch_interval: float | None = None,
         close_timeout: float = 5.0,
+        buffers: int = 0,
         **options: Any,
     ) -> None:
         self._handle = 0
@@ -282,10 +292,31 @@ class Tier:
         if any(c.isspace() or c == "," for v in opts.values() for c in str(v)):
             raise InvalidOptionsError(f"option values must not contain spaces or commas: {text}")
         handle = c_uint64()
-        rc = self._lib.ut_open(os.fsencode(path), text.encode(), ctypes.byref(handle))
+        arena = None
+        if buffers == 0:
+            rc = self._lib.ut_open(os.fsencode(path), text.encode(), ctypes.byref(handle))
+        else:
+            size = self._lib.ut_buffers_size(block_size, buffers) if block_size > 0 and buffers > 0 else 0
+            if size == 0:
+                raise InvalidOptionsError(f"buffers={buffers} of block_size={block_size}: want 1 or more of 1 or more bytes")
+            # The tier's buffers and the memory around them, in an anonymous mapping (page-aligned)
+            # that Python owns: views of the buffers keep it alive after close, and loads and stores
+            # the kernel still holds keep it through their pins.
+            arena = mmap.mmap(-1, size)
+            base = ctypes.addressof(ctypes.c_char.from_buffer(arena))
+            rc = self._lib.ut_open_buffers(os.fsencode(path), text.encode(), base, size, buffers, ctypes.byref(handle))
         if rc < 0:
             raise self._lib.error(rc, f"open {path}")
         self._handle = handle.value
+        #: the Tier's buffers (``buffers=N``): N writable memoryviews of block_size bytes
+        self.buffers: list[memoryview] = []
+        if arena is not None:
+            addrs = (c_void_p * buffers)()
+            rc = self._lib.ut_buffers(self._handle, addrs, buffers)
+            if rc != buffers:
+                raise self._lib.error(rc, "buffers") if rc < 0 else UringTierError(f"buffers: {rc} of {buffers}")
+            whole = memoryview(arena)
+            self.buffers = [whole[a - base:a - base + block_size] for a in addrs]
         self.path = os.fsdecode(path)
         self.block_size = block_size  #: every block's payload size
         #: the directory under path holding the blocks (with layout="vllm", the rank directory)
