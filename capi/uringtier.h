@@ -228,7 +228,9 @@ int ut_open(const char *dir, const char *options, ut_tier *out);
  * The tier's buffers, in the caller's memory: ut_open_buffers opens a tier
  * as ut_open does, with n buffers of the block size laid out in mem, which
  * holds mem_size bytes, at least ut_buffers_size(block_size, n), from a
- * 4 KiB boundary (mmap, or aligned_alloc(4096, ...)). ut_buffers gives
+ * 4 KiB boundary: anonymous or shared memory (mmap MAP_ANONYMOUS,
+ * aligned_alloc(4096, ...), a file in /dev/shm), not a mapping of a file on
+ * disk, which the io_uring engine cannot register. ut_buffers gives
  * their addresses. Loads and stores take them as any buffers, and they are
  * the fastest: page-aligned, registered with the io_uring engine, which
  * reads a block into one with one read (O_DIRECT, no page pinned per read),
@@ -244,8 +246,8 @@ int ut_open(const char *dir, const char *options, ut_tier *out);
 size_t ut_buffers_size(size_t block_size, size_t n);
 
 /* ut_open_buffers is ut_open with n (> 0) buffers in mem (above). Returns
- * UT_OK, UT_EOPTIONS (mem_size too small, mem not on a 4 KiB boundary, too
- * many buffers), UT_EARG or UT_EIO. */
+ * UT_OK, UT_EOPTIONS (mem_size too small, mem not on a 4 KiB boundary or
+ * not registrable, too many buffers), UT_EARG or UT_EIO. */
 int ut_open_buffers(const char *dir, const char *options, void *mem, size_t mem_size, size_t n, ut_tier *out);
 
 /* ut_buffers writes the addresses of the tier's buffers, in order, into

@@ -482,6 +482,23 @@ func TestBufferMemory(t *testing.T) {
 		assert.Nil(t, tr.Buffers())
 		assert.Equal(t, testPayload(3), mem[stride+blockstore.HeaderSize:stride+blockstore.HeaderSize+testBlockSize], "the memory, still mapped, is the caller's")
 	})
+	t.Run("file-backed", func(t *testing.T) {
+		// A mapping of a file on disk, which io_uring does not register:
+		// refused at Open, saying what memory to give.
+		f, err := os.Create(filepath.Join(t.TempDir(), "mem"))
+		require.NoError(t, err)
+		defer f.Close()
+		require.NoError(t, f.Truncate(int64(size)))
+		fmem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		require.NoError(t, err)
+		defer unix.Munmap(fmem)
+		_, err = Open(t.TempDir(), Options{BlockSize: testBlockSize, Engine: EngineURing, Buffers: 2, BufferMemory: fmem})
+		require.ErrorIs(t, err, ErrInvalidOptions)
+		assert.Contains(t, err.Error(), "BufferMemory is memory the kernel does not register")
+		tr, err := Open(t.TempDir(), Options{BlockSize: testBlockSize, Engine: EngineSync, Buffers: 2, BufferMemory: fmem})
+		require.NoError(t, err, "the sync engine registers nothing")
+		require.NoError(t, tr.Close(context.Background()))
+	})
 }
 
 // TestLoadOtherBlockSize: a block stored whole at another block size is

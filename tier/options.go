@@ -275,7 +275,9 @@ type Options struct {
 	// the file holds past its end after it), so the caller leaves all of
 	// it alone but the buffers, and keeps it allocated as it keeps a
 	// load's buffers: until Close has returned and the release of every
-	// buffer a result reported held (Result.Held) has been polled.
+	// buffer a result reported held (Result.Held) has been polled. The
+	// io_uring engine registers it: it must be anonymous or shared memory
+	// (not a mapping of a file on disk, which Open refuses).
 	BufferMemory []byte
 	// Capacity bounds the bytes of block files in the namespace directory,
 	// whoever wrote them; 0: no bound. With a bound, the tiers sharing the
