@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The tier's 2 MiB O_DIRECT stores and loads against fio's, interleaved, on ext4 over a loop device
 # whose backing file is in /dev/shm (a device without the bursts of this VM's disk): per round,
-# fio writing a new 2 MiB file each at depth 16 then `tierbench store --direct --depth 16 --batch 1`,
+# fio writing a new 2 MiB file each at depth 16 and `tierbench store --direct --depth 16 --batch 1`
+# (2 GiB each; fio first in even rounds, the tier first in odd ones),
 # and fio's random 2 MiB reads of a 1 GiB file at depth 32 then `tierbench load --direct --depth 32
 # --batch 1 --hit-ratio 1` over 512 blocks; then each ratio to fio per round and at the median.
 # Every TIERBENCH given (default: one built from this tree) runs in each round, for A/B comparisons.
@@ -49,17 +50,28 @@ for line in sys.stdin:
 }
 # Round 0 is not counted: a warm-up of the device, the file system and the page tables.
 out=$work/results.txt
-for r in $(seq 0 "$rounds"); do
-  rm -rf "${mnt:?}"/*; mkdir -p "$mnt/fio"
+fio_store() {
+  mkdir -p "$mnt/fio"
   echo "$r fio store $(fio --name=files --directory="$mnt/fio" --nrfiles=1024 --filesize=2M --openfiles=16 \
     --file_service_type=sequential --create_on_open=1 --fallocate=none --rw=write --bs=2M --direct=1 --iodepth=16 \
     --ioengine=io_uring --output-format=json | gbps write)" | tee -a "$out"
   rm -rf "$mnt/fio"
+}
+tier_stores() { # 2 GiB each, as fio writes
   for i in "${!bins[@]}"; do
     rm -rf "$mnt/tb"
     "${bins[$i]}" populate --dir "$mnt/tb" --block-size 2MiB --blocks 16 >/dev/null
-    echo "$r $i store $("${bins[$i]}" store --dir "$mnt/tb" --engine uring --direct --depth 16 --batch 1 --keys 2048 --json | tier store)" | tee -a "$out"
+    echo "$r $i store $("${bins[$i]}" store --dir "$mnt/tb" --engine uring --direct --depth 16 --batch 1 --keys 1024 --json | tier store)" | tee -a "$out"
   done
+  rm -rf "$mnt/tb"
+}
+for r in $(seq 0 "$rounds"); do
+  rm -rf "${mnt:?}"/*
+  if [ $((r % 2)) = 0 ]; then # fio first in even rounds, last in odd ones: no side gains from going first
+    fio_store; tier_stores
+  else
+    tier_stores; fio_store
+  fi
   rm -rf "${mnt:?}"/*; mkdir -p "$mnt/fio"
   echo "$r fio load $(fio --name=big --filename="$mnt/fio/big" --size=1G --rw=randread --bs=2M --direct=1 --iodepth=32 \
     --ioengine=io_uring --time_based --runtime=3 --output-format=json | gbps read)" | tee -a "$out"
