@@ -10,22 +10,55 @@ import (
 
 // AllocBuffer returns size bytes of anonymous, page-aligned memory outside
 // the Go heap: it never moves, is never collected, and its alignment suits
-// O_DIRECT and registered buffers. Release it with FreeBuffer once no
-// request uses it.
+// O_DIRECT and registered buffers. Memory of HugePage bytes or more starts
+// on a HugePage boundary and asks for transparent huge pages
+// (MADV_HUGEPAGE; a hint, which a kernel with them off ignores): a read or
+// write then pins, and the kernel copies, a few large pages instead of 512
+// small ones a huge page. Release it with FreeBuffer once no request uses
+// it.
 func AllocBuffer(size int) ([]byte, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("uring: buffer size %d", size)
 	}
-	b, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	n := pageUp(size)
+	extra := 0
+	if size >= HugePage {
+		extra = HugePage // room to start on a boundary; trimmed below
+	}
+	p, err := unix.MmapPtr(-1, 0, nil, uintptr(n+extra), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		return nil, fmt.Errorf("uring: mmap %d-byte buffer: %w", size, err)
+	}
+	if extra > 0 {
+		head := -int(uintptr(p)) & (HugePage - 1)
+		if head > 0 {
+			unix.MunmapPtr(p, uintptr(head))
+		}
+		if tail := extra - head; tail > 0 {
+			unix.MunmapPtr(unsafe.Add(p, head+n), uintptr(tail))
+		}
+		p = unsafe.Add(p, head)
+	}
+	b := unsafe.Slice((*byte)(p), size)
+	if extra > 0 {
+		unix.Madvise(b[:n:n], unix.MADV_HUGEPAGE) // EINVAL without THP: small pages, as before
 	}
 	return b, nil
 }
 
+// HugePage is the size of a transparent huge page that AllocBuffer asks
+// for (x86-64's and arm64's PMD size with 4 KiB pages).
+const HugePage = 2 << 20
+
 // FreeBuffer releases memory from AllocBuffer.
 func FreeBuffer(b []byte) error {
-	return unix.Munmap(b)
+	return unix.MunmapPtr(unsafe.Pointer(unsafe.SliceData(b)), uintptr(pageUp(cap(b))))
+}
+
+// pageUp rounds n up to a multiple of the page size.
+func pageUp(n int) int {
+	page := unix.Getpagesize()
+	return (n + page - 1) &^ (page - 1)
 }
 
 // RegisterBuffers registers bufs for READ_FIXED and WRITE_FIXED

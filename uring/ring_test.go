@@ -6,9 +6,11 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -817,4 +819,51 @@ func TestUpdateFilesEmptiesSlots(t *testing.T) {
 		s.UserData = 9
 		assert.ErrorIs(t, ptr(run(t, r, 1)[9]).Err(), syscall.EBADF, "slot %d still holds a file", slot)
 	}
+}
+
+// TestAllocBufferHugePages: memory of a huge page or more starts on a huge
+// page's boundary, is all usable, and, where the kernel has transparent
+// huge pages on for madvise, is backed by them; FreeBuffer unmaps it all.
+func TestAllocBufferHugePages(t *testing.T) {
+	size := 4*HugePage + 8192 // as the tier's frames: not a multiple of the huge page
+	b, err := AllocBuffer(size)
+	require.NoError(t, err)
+	require.Len(t, b, size)
+	start := uintptr(unsafe.Pointer(&b[0]))
+	assert.Zero(t, start%HugePage, "starts on a huge page's boundary")
+	for i := range b {
+		b[i] = byte(i)
+	}
+	mode, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/enabled")
+	if err == nil && !strings.Contains(string(mode), "[never]") {
+		assert.GreaterOrEqual(t, anonHugeKB(t, start), HugePage/1024, "transparent huge pages: %s", mode)
+	} else {
+		t.Logf("transparent huge pages off here (%q): small pages", mode)
+	}
+	require.NoError(t, FreeBuffer(b))
+	assert.Zero(t, anonHugeKB(t, start), "unmapped")
+
+	small, err := AllocBuffer(100)
+	require.NoError(t, err)
+	assert.Len(t, small, 100)
+	assert.Zero(t, uintptr(unsafe.Pointer(&small[0]))%4096)
+	require.NoError(t, FreeBuffer(small))
+}
+
+// anonHugeKB returns the AnonHugePages of the mapping holding start in
+// /proc/self/smaps, 0 if none holds it.
+func anonHugeKB(t *testing.T, start uintptr) int {
+	smaps, err := os.ReadFile("/proc/self/smaps")
+	require.NoError(t, err)
+	in := false
+	for _, line := range strings.Split(string(smaps), "\n") {
+		var lo, hi uintptr
+		if n, _ := fmt.Sscanf(line, "%x-%x ", &lo, &hi); n == 2 {
+			in = lo <= start && start < hi
+		} else if kb := 0; in && strings.HasPrefix(line, "AnonHugePages:") {
+			fmt.Sscanf(strings.TrimPrefix(line, "AnonHugePages:"), "%d", &kb)
+			return kb
+		}
+	}
+	return 0
 }

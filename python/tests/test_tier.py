@@ -187,6 +187,10 @@ class Conformance:
         tier.close()
         self.assertEqual(tier.buffers[1].tobytes(), payload(5, BLOCK))
         tier.buffers[1][:4] = b"mine"
+        # From 2 MiB of buffers on, they start on a 2 MiB boundary (for transparent huge pages).
+        big = self.open(block_size=1 << 20, buffers=2)
+        frame0 = ctypes.addressof(ctypes.c_char.from_buffer(big.buffers[0])) - 4096
+        self.assertEqual(frame0 % (2 << 20), 0)
         for n, block_size in [(-1, BLOCK), (1, 0)]:
             with self.subTest(buffers=n, block_size=block_size):
                 with self.assertRaisesRegex(uringtier.InvalidOptionsError, "buffers="):

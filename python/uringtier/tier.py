@@ -299,11 +299,19 @@ class Tier:
             size = self._lib.ut_buffers_size(block_size, buffers) if block_size > 0 and buffers > 0 else 0
             if size == 0:
                 raise InvalidOptionsError(f"buffers={buffers} of block_size={block_size}: want 1 or more of 1 or more bytes")
-            # The tier's buffers and the memory around them, in an anonymous mapping (page-aligned)
-            # that Python owns: views of the buffers keep it alive after close, and loads and stores
-            # the kernel still holds keep it through their pins.
-            arena = mmap.mmap(-1, size)
-            base = ctypes.addressof(ctypes.c_char.from_buffer(arena))
+            # The tier's buffers and the memory around them, in an anonymous mapping that Python
+            # owns: views of the buffers keep it alive after close, and loads and stores the kernel
+            # still holds keep it through their pins. From 2 MiB on they start on a 2 MiB boundary
+            # in transparent huge pages, where the kernel has them, as the Go tier's own do.
+            slack = _HUGE_PAGE if size >= _HUGE_PAGE else 0
+            arena = mmap.mmap(-1, size + slack)
+            start = ctypes.addressof(ctypes.c_char.from_buffer(arena))
+            base = start + (-start % _HUGE_PAGE if slack else 0)
+            if slack and hasattr(mmap, "MADV_HUGEPAGE"):
+                try:
+                    arena.madvise(mmap.MADV_HUGEPAGE)
+                except OSError:
+                    pass  # no transparent huge pages here: small pages
             rc = self._lib.ut_open_buffers(os.fsencode(path), text.encode(), base, size, buffers, ctypes.byref(handle))
         if rc < 0:
             raise self._lib.error(rc, f"open {path}")
@@ -316,7 +324,7 @@ class Tier:
             if rc != buffers:
                 raise self._lib.error(rc, "buffers") if rc < 0 else UringTierError(f"buffers: {rc} of {buffers}")
             whole = memoryview(arena)
-            self.buffers = [whole[a - base:a - base + block_size] for a in addrs]
+            self.buffers = [whole[a - start:a - start + block_size] for a in addrs]
         self.path = os.fsdecode(path)
         self.block_size = block_size  #: every block's payload size
         #: the directory under path holding the blocks (with layout="vllm", the rank directory)
@@ -535,6 +543,8 @@ class Tier:
                 _held_forever.append(self._pins)
                 self._pins = {}
 
+
+_HUGE_PAGE = 2 << 20  # a transparent huge page on x86-64 and arm64
 
 _held_forever: list[dict[int, list[Pinned]]] = []
 """Pins of tiers freed while the kernel still held their buffers: never released."""
