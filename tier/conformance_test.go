@@ -432,6 +432,46 @@ func TestBuffersOfAGiB(t *testing.T) {
 	})
 }
 
+// TestBuffersInHugePages: buffers of 1 MiB, whose frames lie across the
+// 2 MiB huge pages that back them (uring.AllocBuffer), store and load
+// every byte right, loads into other buffers than the stores came from,
+// every frame's header in place (the io_uring engine's O_DIRECT loads).
+func TestBuffersInHugePages(t *testing.T) {
+	const size, n = 1 << 20, 6
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.BlockSize, o.Buffers = size, n })
+		bufs := tr.Buffers()
+		want := make([][]byte, n)
+		for i := range n {
+			want[i] = make([]byte, size)
+			rng := rand.New(rand.NewPCG(uint64(i), 9))
+			for k := range want[i] {
+				want[i][k] = byte(rng.Uint32())
+			}
+			copy(bufs[i], want[i])
+		}
+		keys := testKeys(0, 1, 2, 3, 4, 5)
+		require.NoError(t, tr.Store(1, keys, bufs))
+		assert.Equal(t, []Status{StatusStored, StatusStored, StatusStored, StatusStored, StatusStored, StatusStored}, statuses(await(t, tr, 1)[1]))
+		for i := range bufs {
+			clear(bufs[i])
+		}
+		// Block i into buffer (i+1) mod n.
+		require.NoError(t, tr.Load(2, keys, append(append([][]byte(nil), bufs[1:]...), bufs[0])))
+		assert.Equal(t, []Status{StatusLoaded, StatusLoaded, StatusLoaded, StatusLoaded, StatusLoaded, StatusLoaded}, statuses(await(t, tr, 2)[2]))
+		framed := tr.Engine().Kind == EngineURing && tr.Engine().Direct && !tr.Engine().LoadsSync
+		for i := range n {
+			j := (i + 1) % n
+			assert.True(t, bytes.Equal(want[i], bufs[j]), "block %d in buffer %d", i, j)
+			if framed {
+				h, err := blockstore.DecodeHeader(tr.frames[j][:blockstore.HeaderSize])
+				require.NoError(t, err, "frame %d", j)
+				assert.Equal(t, keys[i], h.Key, "frame %d", j)
+			}
+		}
+	})
+}
+
 // TestBufferMemory: buffers laid out in the caller's memory
 // (Options.BufferMemory) store and load as the tier's own do, a load's
 // header landing in that memory in front of the buffer (the io_uring
