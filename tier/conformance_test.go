@@ -543,9 +543,11 @@ func TestBufferMemory(t *testing.T) {
 		fmem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 		require.NoError(t, err)
 		defer unix.Munmap(fmem)
-		_, err = Open(t.TempDir(), Options{BlockSize: testBlockSize, Engine: EngineURing, Buffers: 2, BufferMemory: fmem})
-		require.ErrorIs(t, err, ErrInvalidOptions)
-		assert.Contains(t, err.Error(), "BufferMemory is memory the kernel does not register")
+		if uring.Available() == nil { // not in TestConformanceWithoutIOURing's child
+			_, err = Open(t.TempDir(), Options{BlockSize: testBlockSize, Engine: EngineURing, Buffers: 2, BufferMemory: fmem})
+			require.ErrorIs(t, err, ErrInvalidOptions)
+			assert.Contains(t, err.Error(), "BufferMemory is memory the kernel does not register")
+		}
 		tr, err := Open(t.TempDir(), Options{BlockSize: testBlockSize, Engine: EngineSync, Buffers: 2, BufferMemory: fmem})
 		require.NoError(t, err, "the sync engine registers nothing")
 		require.NoError(t, tr.Close(context.Background()))

@@ -27,6 +27,8 @@ var conformanceSuite = []suiteTest{
 	{"TestLoadOtherBlockSize", TestLoadOtherBlockSize},
 	{"TestLoadOneBufferTwice", TestLoadOneBufferTwice},
 	{"TestBuffersOfAGiB", TestBuffersOfAGiB},
+	{"TestBuffersInHugePages", TestBuffersInHugePages},
+	{"TestBufferMemory", TestBufferMemory},
 	{"TestCancelDuringSubmit", TestCancelDuringSubmit},
 	{"TestStore", TestStore},
 	{"TestStoreDirectoryVanished", TestStoreDirectoryVanished},
