@@ -22,7 +22,10 @@
 // Keys are copied by the tier at submit. Buffers of loads and stores are
 // the caller's C memory, seen from Go as slices (unsafe.Slice); the tier
 // holds them until the result is polled, as the Go API says, so the caller
-// must keep them allocated until then (the header's Memory section).
+// must keep them allocated until then (the header's Memory section). The
+// tier's own buffers (ut_open_buffers) are laid out in C memory too
+// (tier.Options.BufferMemory): ut_buffers hands out addresses into the
+// caller's memory, never the library's.
 //
 // # Threads
 //
