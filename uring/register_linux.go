@@ -39,11 +39,10 @@ func AllocBuffer(size int) ([]byte, error) {
 		}
 		p = unsafe.Add(p, head)
 	}
-	b := unsafe.Slice((*byte)(p), size)
 	if extra > 0 {
-		unix.Madvise(b[:n:n], unix.MADV_HUGEPAGE) // EINVAL without THP: small pages, as before
+		unix.Madvise(unsafe.Slice((*byte)(p), n), unix.MADV_HUGEPAGE) // EINVAL without THP: small pages, as before
 	}
-	return b, nil
+	return unsafe.Slice((*byte)(p), size), nil
 }
 
 // HugePage is the size of a transparent huge page that AllocBuffer asks
