@@ -5,7 +5,8 @@ each design on a tier of its own over one populated directory.
 
   own    page-aligned buffers of the caller's (an anonymous mmap): the io_uring engine reads each
          block with a vectored read whose pages the kernel pins and unpins read by read
-  tier   the Tier's buffers: registered, one read of header, payload and past the end
+  tier   the Tier's buffers: registered (and from 2 MiB of them on in transparent huge pages, where
+         the kernel has them), one read of header, payload and past the end
 
 Per design and round: GB/s of payload loaded and CPU (user + system of the whole process, the
 library's threads and the kernel's workers for it included) per load; then the medians and the
