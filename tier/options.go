@@ -260,7 +260,9 @@ type Options struct {
 	// the page cache; other buffers go through it.
 	NoDirect bool
 	// Buffers is how many aligned, registered buffers of BlockSize the
-	// tier allocates for callers (Tier.Buffers). Default 0, at most 16,383
+	// tier allocates for callers (Tier.Buffers), in memory it maps (from 2
+	// MiB on in transparent huge pages, uring.AllocBuffer) or in
+	// BufferMemory. Default 0, at most 16,383
 	// (a ring registers at most 16,384 buffers, one of them the tier's
 	// own) and 64 GiB in all. Each takes 8 KiB more around it, and with
 	// that more than the kernel's 1 GiB a registered buffer, they are not
