@@ -191,7 +191,7 @@ class Conformance:
         big = self.open(block_size=1 << 20, buffers=2)
         frame0 = ctypes.addressof(ctypes.c_char.from_buffer(big.buffers[0])) - 4096
         self.assertEqual(frame0 % (2 << 20), 0)
-        for n, block_size in [(-1, BLOCK), (1, 0)]:
+        for n, block_size in [(-1, BLOCK), (1, 0), (1.5, BLOCK), (True, BLOCK)]:
             with self.subTest(buffers=n, block_size=block_size):
                 with self.assertRaisesRegex(uringtier.InvalidOptionsError, "buffers="):
                     uringtier.Tier(self.dir, block_size, engine=self.engine, buffers=n)

@@ -291,6 +291,12 @@ class Tier:
         text = " ".join(f"{k}={v}" for k, v in opts.items())
         if any(c.isspace() or c == "," for v in opts.values() for c in str(v)):
             raise InvalidOptionsError(f"option values must not contain spaces or commas: {text}")
+        try:
+            if isinstance(buffers, bool):
+                raise TypeError
+            buffers = operator.index(buffers)  # a NumPy integer too
+        except TypeError:
+            raise InvalidOptionsError(f"buffers={buffers!r}: want a count of buffers") from None
         handle = c_uint64()
         arena = None
         if buffers == 0:
