@@ -23,7 +23,6 @@ func (t *Tier) allocBuffers() error {
 		if mem, err = uring.AllocBuffer(stride * t.opts.Buffers); err != nil {
 			return err
 		}
-		t.bufMapped = true
 	}
 	t.bufMem, t.bufStride = mem, stride
 	for k := range t.opts.Buffers {
@@ -58,7 +57,7 @@ func bufferStride(blockSize int) int {
 // alone, which Buffers may be reading meanwhile; the owners, the only
 // readers of t.bufMem, are gone.
 func (t *Tier) freeBuffers() {
-	if t.bufMem != nil && t.bufMapped {
+	if t.bufMem != nil && t.opts.BufferMemory == nil {
 		uring.FreeBuffer(t.bufMem)
 	}
 	t.bufMem = nil

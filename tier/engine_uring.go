@@ -263,7 +263,7 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 		return nil, fmt.Errorf("tier: %w", err)
 	}
 	if err = b.ring.RegisterBuffers(append([][]byte{b.hdrs}, t.frames...)); err != nil {
-		if len(t.frames) > 0 && !t.bufMapped && (errors.Is(err, unix.EFAULT) || errors.Is(err, unix.EOPNOTSUPP)) &&
+		if len(t.frames) > 0 && t.opts.BufferMemory != nil && (errors.Is(err, unix.EFAULT) || errors.Is(err, unix.EOPNOTSUPP)) &&
 			b.ring.RegisterBuffers([][]byte{b.hdrs}) == nil {
 			return nil, fmt.Errorf("%w: BufferMemory is memory the kernel does not register for io_uring (%v):"+
 				" give anonymous or shared memory (mmap MAP_ANONYMOUS, a file in /dev/shm or hugetlbfs), not a mapping of a file on disk", ErrInvalidOptions, err)

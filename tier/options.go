@@ -198,9 +198,9 @@ type Options struct {
 	// checksums of loads of 8 MiB or more through the page cache run on
 	// goroutines of their own (8 MiB loads on one ring of 2 CPUs:
 	// 1.12-1.45x the bytes a second of the owner checksumming them
-	// itself). Against
-	// the engine's first design (owners asleep in the kernel, holding a P;
-	// one ring on 2 CPUs and STATX lookups by default), BenchmarkLookup,
+	// itself). Against the engine's first design (owners asleep in the
+	// kernel, holding a P; one ring on 2 CPUs and STATX lookups by
+	// default), BenchmarkLookup,
 	// 1,024-key batches, medians of 5 interleaved rounds of per-round
 	// ratios: with a ring per CPU, O_PATH lookups (with O_DIRECTORY) made
 	// 1.73 (1.07-2.35) of the first design's default, and STATX 0.82

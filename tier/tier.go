@@ -33,7 +33,6 @@ type Tier struct {
 	buffers   [][]byte          // aligned buffers offered to callers; immutable after Open
 	bufMem    []byte            // the mapping behind buffers; nil once Close has unmapped it
 	bufStride int               // distance between buffers in bufMem
-	bufMapped bool              // bufMem was mapped by the tier, not Options.BufferMemory
 	frames    [][]byte          // each buffer's frame (frame), which the io_uring engine registers; none if too large
 	frameBusy []atomic.Bool     // by frame: an io_uring op reads into it
 
