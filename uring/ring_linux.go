@@ -351,7 +351,21 @@ func (r *Ring) enter(waitNr uint32, timeout time.Duration) (int, error) {
 		return 0, nil
 	}
 	for {
-		n, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(toSubmit), uintptr(waitNr), uintptr(flags), uintptr(arg), argSize)
+		var n uintptr
+		var errno unix.Errno
+		if waitNr == 0 {
+			// Submitting blocks on nothing: the kernel issues each SQE
+			// without waiting or hands it to a worker. Entered as a raw
+			// system call, the goroutine keeps its P as for any work on
+			// the CPU; as a blocking one, an enter past 20 µs (inline
+			// O_DIRECT issues, opens) had the runtime's sysmon take the
+			// P back and wake another thread for it, and sysmon then
+			// woke every 20 µs, each time on some CPU, preempting
+			// whatever ran there (the caller too).
+			n, _, errno = unix.RawSyscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(toSubmit), 0, uintptr(flags), 0, 0)
+		} else {
+			n, _, errno = unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(toSubmit), uintptr(waitNr), uintptr(flags), uintptr(arg), argSize)
+		}
 		switch errno {
 		case 0:
 			return int(n), nil
@@ -413,7 +427,7 @@ func (r *Ring) copyCQ(dst []CQE) int {
 
 func (r *Ring) flushCQ() {
 	for {
-		_, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), 0, 0, enterGetEvents, 0, 0)
+		_, _, errno := unix.RawSyscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), 0, 0, enterGetEvents, 0, 0) // waits for nothing (enter)
 		if errno != unix.EINTR {
 			return
 		}
