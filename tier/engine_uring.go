@@ -243,7 +243,11 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	if ringSize > 0 {
 		entries, cq = ringSize, ringSize
 	}
-	ropts := uring.Options{CQEntries: cq}
+	// On a local filesystem a submission never sleeps (Options.RawSubmit).
+	// tierbench --engine uring, ext4 over a loop device, 4 interleaved
+	// rounds against blocking enters: loads 1.13x the keys a second at
+	// 0.80x the CPU a key, the Load call's p99.9 18-25 µs against 34-58.
+	ropts := uring.Options{CQEntries: cq, RawSubmit: t.engine.Inline}
 	if !t.engine.OwnThreads {
 		// Any thread may submit, and completions run as task work in
 		// the thread that submitted, interrupting it (no COOP_TASKRUN:

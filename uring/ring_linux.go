@@ -75,6 +75,18 @@ type Options struct {
 	// Disable lists setup flags not to try (for tests and for kernels that
 	// accept a flag but misbehave with it).
 	Disable SetupFlags
+	// RawSubmit has Submit (and Reap's flush) enter the kernel as a raw
+	// system call: the goroutine keeps its P meanwhile, as for any work on
+	// the CPU. Only for a ring whose submissions never sleep: its ops are
+	// issued without waiting or handed to kernel workers, and no last
+	// close of a file waits (a local filesystem; on NFS or FUSE a release
+	// may wait for the server, and a sleeping raw call holds its P, which
+	// no other goroutine can then have). As a blocking system call, an
+	// enter past 20 µs (inline O_DIRECT issues, opens) had the runtime's
+	// sysmon take the P back and wake another thread for it, and sysmon
+	// then woke every 20 µs, each time on some CPU, preempting whatever
+	// ran there.
+	RawSubmit bool
 }
 
 // Ring is one io_uring instance: its mapped queues and its file descriptor.
@@ -85,9 +97,10 @@ type Options struct {
 // ties the ring to that thread. Other goroutines reach the owner through a
 // Waker.
 type Ring struct {
-	fd       int        // ring file descriptor; -1 after Close
-	flags    SetupFlags // flags in force, set by New
-	features Features   // kernel features, set by New
+	fd        int        // ring file descriptor; -1 after Close
+	flags     SetupFlags // flags in force, set by New
+	features  Features   // kernel features, set by New
+	rawSubmit bool       // Options.RawSubmit
 
 	ringMem []byte // SQ and CQ ring mapping (one mapping with SINGLE_MMAP)
 	cqMem   []byte // separate CQ mapping without SINGLE_MMAP, else nil
@@ -128,7 +141,7 @@ func New(entries uint32, opts Options) (*Ring, error) {
 		}
 		fd, err := setup(entries, &p)
 		if err == nil {
-			r := &Ring{fd: fd, flags: SetupFlags(p.flags) &^ setupClamp, features: Features(p.features)}
+			r := &Ring{fd: fd, flags: SetupFlags(p.flags) &^ setupClamp, features: Features(p.features), rawSubmit: opts.RawSubmit}
 			if err := r.mmap(&p); err != nil {
 				r.Close()
 				return nil, err
@@ -311,7 +324,8 @@ func (r *Ring) Pending() uint32 {
 }
 
 // Submit hands every prepared SQE to the kernel with one io_uring_enter and
-// returns how many it took. EINTR is retried. When the kernel cannot take
+// returns how many it took; it waits for no completion (a raw system call
+// with Options.RawSubmit). EINTR is retried. When the kernel cannot take
 // them now (EBUSY: completions must be reaped first; EAGAIN: out of memory
 // for requests) the error matches ErrRetry and the SQEs stay queued.
 func (r *Ring) Submit() (int, error) {
@@ -353,15 +367,7 @@ func (r *Ring) enter(waitNr uint32, timeout time.Duration) (int, error) {
 	for {
 		var n uintptr
 		var errno unix.Errno
-		if waitNr == 0 {
-			// Submitting blocks on nothing: the kernel issues each SQE
-			// without waiting or hands it to a worker. Entered as a raw
-			// system call, the goroutine keeps its P as for any work on
-			// the CPU; as a blocking one, an enter past 20 µs (inline
-			// O_DIRECT issues, opens) had the runtime's sysmon take the
-			// P back and wake another thread for it, and sysmon then
-			// woke every 20 µs, each time on some CPU, preempting
-			// whatever ran there (the caller too).
+		if waitNr == 0 && r.rawSubmit {
 			n, _, errno = unix.RawSyscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(toSubmit), 0, uintptr(flags), 0, 0)
 		} else {
 			n, _, errno = unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(toSubmit), uintptr(waitNr), uintptr(flags), uintptr(arg), argSize)
@@ -427,7 +433,12 @@ func (r *Ring) copyCQ(dst []CQE) int {
 
 func (r *Ring) flushCQ() {
 	for {
-		_, _, errno := unix.RawSyscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), 0, 0, enterGetEvents, 0, 0) // waits for nothing (enter)
+		var errno unix.Errno
+		if r.rawSubmit {
+			_, _, errno = unix.RawSyscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), 0, 0, enterGetEvents, 0, 0)
+		} else {
+			_, _, errno = unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), 0, 0, enterGetEvents, 0, 0)
+		}
 		if errno != unix.EINTR {
 			return
 		}

@@ -542,7 +542,12 @@ func TestSQFullIsReported(t *testing.T) {
 // TestCQOverflowLosesNothing posts four times as many completions as the CQ
 // holds before reaping any.
 func TestCQOverflowLosesNothing(t *testing.T) {
-	for _, opts := range []Options{{CQEntries: 8}, {CQEntries: 8, Disable: FlagDeferTaskrun | FlagSingleIssuer}} {
+	all := []Options{{CQEntries: 8}, {CQEntries: 8, Disable: FlagDeferTaskrun | FlagSingleIssuer}}
+	for _, o := range all[:2] {
+		o.RawSubmit = true // the same through raw enters
+		all = append(all, o)
+	}
+	for _, opts := range all {
 		r := newRing(t, 8, opts)
 		require.NotZero(t, r.Features()&FeatNoDrop)
 		const total = 32
@@ -573,7 +578,7 @@ func TestCQOverflowLosesNothing(t *testing.T) {
 				count++
 			}
 		}
-		assert.Equal(t, total, count, "flags %v", r.Flags())
+		assert.Equal(t, total, count, "flags %v, raw %v", r.Flags(), opts.RawSubmit)
 	}
 }
 
