@@ -595,6 +595,10 @@ func dropCaches() error {
 // With URINGTIER_CALLER_TRACE set to a file, the caller's thread keeps to
 // CPU 0 and every call's start and end (CLOCK_MONOTONIC) go to the file,
 // for testdata/callertrace to set beside what perf saw on that CPU.
+//
+// op=store: the default run's stores instead (64 KiB, O_DIRECT where
+// TMPDIR takes it, 4 batches of 16 in flight); its spins are the floor
+// under that load, which no Store or Poll call can go below.
 func BenchmarkCallerFloor(b *testing.B) {
 	const spinFor = 20 * time.Microsecond
 	dir := lookupFixture(b)
@@ -657,6 +661,67 @@ func BenchmarkCallerFloor(b *testing.B) {
 			b.ReportMetric(us(calls.Quantile(0.999)), "call-p99.9-µs")
 			b.ReportMetric(us(lookups.Quantile(0.5)), "lookup-call-p50-µs")
 			b.ReportMetric(us(lookups.Quantile(0.999)), "lookup-call-p99.9-µs")
+			b.ReportMetric(us(spins.Quantile(0.5)), "spin-p50-µs")
+			b.ReportMetric(us(spins.Quantile(0.999)), "spin-p99.9-µs")
+		})
+	}
+	for _, e := range []struct {
+		name string
+		kind EngineKind
+	}{{"engine=uring", EngineURing}, {"engine=sync", EngineSync}} {
+		b.Run("op=store/"+e.name, func(b *testing.B) {
+			const batch, depth, keySpace = 16, 4, 4096
+			tr := benchTier(b, b.TempDir(), e.kind, func(o *Options) { o.BlockSize, o.Buffers = 64<<10, batch*depth })
+			bufs := tr.Buffers()
+			keys := testKeys(seq(0, keySpace)...)
+			free := []int{0, 1, 2, 3} // batches of bufs not in flight
+			slotOf := map[uint64]int{}
+			var calls, stores, spins latency.Counts
+			spin := func() {
+				t0 := time.Now()
+				for time.Since(t0) < spinFor {
+				}
+				spins.Record(time.Since(t0))
+			}
+			results := make([]Result, depth)
+			req := uint64(0)
+			for b.Loop() {
+				for len(free) > 0 {
+					req++
+					slot := free[len(free)-1]
+					k := int(req*batch) % keySpace
+					t0 := time.Now()
+					err := tr.Store(req, keys[k:k+batch], bufs[slot*batch:(slot+1)*batch])
+					d := time.Since(t0)
+					calls.Record(d)
+					stores.Record(d)
+					if err != nil {
+						b.Fatal(err)
+					}
+					free, slotOf[req] = free[:len(free)-1], slot
+					spin()
+				}
+				t0 := time.Now()
+				n := tr.Poll(results)
+				calls.Record(time.Since(t0))
+				for _, r := range results[:n] {
+					for _, k := range r.Keys {
+						if k.Status != StatusStored {
+							b.Fatalf("store %d: %v %v", r.Req, k.Status, k.Err)
+						}
+					}
+					free = append(free, slotOf[r.Req])
+					delete(slotOf, r.Req)
+				}
+				spin()
+				if n == 0 {
+					<-tr.Ready()
+				}
+			}
+			b.ReportMetric(us(calls.Quantile(0.5)), "call-p50-µs")
+			b.ReportMetric(us(calls.Quantile(0.999)), "call-p99.9-µs")
+			b.ReportMetric(us(stores.Quantile(0.5)), "store-call-p50-µs")
+			b.ReportMetric(us(stores.Quantile(0.999)), "store-call-p99.9-µs")
 			b.ReportMetric(us(spins.Quantile(0.5)), "spin-p50-µs")
 			b.ReportMetric(us(spins.Quantile(0.999)), "spin-p99.9-µs")
 		})
