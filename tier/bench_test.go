@@ -671,6 +671,7 @@ func BenchmarkCallerFloor(b *testing.B) {
 	}{{"engine=uring", EngineURing}, {"engine=sync", EngineSync}} {
 		b.Run("op=store/"+e.name, func(b *testing.B) {
 			const batch, depth, keySpace = 16, 4, 4096
+			trace := callerTrace(b)
 			tr := benchTier(b, b.TempDir(), e.kind, func(o *Options) { o.BlockSize, o.Buffers = 64<<10, batch*depth })
 			bufs := tr.Buffers()
 			keys := testKeys(seq(0, keySpace)...)
@@ -690,9 +691,10 @@ func BenchmarkCallerFloor(b *testing.B) {
 					req++
 					slot := free[len(free)-1]
 					k := int(req*batch) % keySpace
-					t0 := time.Now()
+					m0, t0 := trace.now(), time.Now()
 					err := tr.Store(req, keys[k:k+batch], bufs[slot*batch:(slot+1)*batch])
 					d := time.Since(t0)
+					trace.add('S', m0)
 					calls.Record(d)
 					stores.Record(d)
 					if err != nil {
@@ -701,9 +703,10 @@ func BenchmarkCallerFloor(b *testing.B) {
 					free, slotOf[req] = free[:len(free)-1], slot
 					spin()
 				}
-				t0 := time.Now()
+				m0, t0 := trace.now(), time.Now()
 				n := tr.Poll(results)
 				calls.Record(time.Since(t0))
+				trace.add('P', m0)
 				for _, r := range results[:n] {
 					for _, k := range r.Keys {
 						if k.Status != StatusStored {
@@ -728,7 +731,7 @@ func BenchmarkCallerFloor(b *testing.B) {
 	}
 }
 
-// callTrace records calls as "L|P start end" lines of CLOCK_MONOTONIC
+// callTrace records calls as "L|S|P start end" lines of CLOCK_MONOTONIC
 // nanoseconds; a nil one records nothing.
 type callTrace struct{ lines []byte }
 
