@@ -603,32 +603,33 @@ func BenchmarkCallerFloor(b *testing.B) {
 	const spinFor = 20 * time.Microsecond
 	dir := lookupFixture(b)
 	keys := testKeys(seq(0, 1024)...)
-	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+	spin := func(spins *latency.Counts) {
+		t0 := time.Now()
+		for time.Since(t0) < spinFor {
+		}
+		spins.Record(time.Since(t0))
+	}
+	report := func(b *testing.B, name string, c *latency.Counts) {
+		us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+		b.ReportMetric(us(c.Quantile(0.5)), name+"-p50-µs")
+		b.ReportMetric(us(c.Quantile(0.999)), name+"-p99.9-µs")
+	}
 	b.Run("engine=none", func(b *testing.B) {
 		var spins latency.Counts
 		for b.Loop() {
-			t0 := time.Now()
-			for time.Since(t0) < spinFor {
-			}
-			spins.Record(time.Since(t0))
+			spin(&spins)
 		}
-		b.ReportMetric(us(spins.Quantile(0.5)), "spin-p50-µs")
-		b.ReportMetric(us(spins.Quantile(0.999)), "spin-p99.9-µs")
+		report(b, "spin", &spins)
 	})
-	for _, e := range []struct {
+	engines := []struct {
 		name string
 		kind EngineKind
-	}{{"engine=uring", EngineURing}, {"engine=sync", EngineSync}} {
+	}{{"engine=uring", EngineURing}, {"engine=sync", EngineSync}}
+	for _, e := range engines {
 		b.Run(e.name, func(b *testing.B) {
 			trace := callerTrace(b)
 			tr := benchTier(b, dir, e.kind, nil)
 			var calls, lookups, spins latency.Counts
-			spin := func() {
-				t0 := time.Now()
-				for time.Since(t0) < spinFor {
-				}
-				spins.Record(time.Since(t0))
-			}
 			results := make([]Result, 8)
 			inFlight := 0
 			req := uint64(0)
@@ -645,30 +646,24 @@ func BenchmarkCallerFloor(b *testing.B) {
 						b.Fatal(err)
 					}
 					inFlight++
-					spin()
+					spin(&spins)
 				}
 				m0, t0 := trace.now(), time.Now()
 				n := tr.Poll(results)
 				calls.Record(time.Since(t0))
 				trace.add('P', m0)
 				inFlight -= n
-				spin()
+				spin(&spins)
 				if n == 0 {
 					<-tr.Ready()
 				}
 			}
-			b.ReportMetric(us(calls.Quantile(0.5)), "call-p50-µs")
-			b.ReportMetric(us(calls.Quantile(0.999)), "call-p99.9-µs")
-			b.ReportMetric(us(lookups.Quantile(0.5)), "lookup-call-p50-µs")
-			b.ReportMetric(us(lookups.Quantile(0.999)), "lookup-call-p99.9-µs")
-			b.ReportMetric(us(spins.Quantile(0.5)), "spin-p50-µs")
-			b.ReportMetric(us(spins.Quantile(0.999)), "spin-p99.9-µs")
+			report(b, "call", &calls)
+			report(b, "lookup-call", &lookups)
+			report(b, "spin", &spins)
 		})
 	}
-	for _, e := range []struct {
-		name string
-		kind EngineKind
-	}{{"engine=uring", EngineURing}, {"engine=sync", EngineSync}} {
+	for _, e := range engines {
 		b.Run("op=store/"+e.name, func(b *testing.B) {
 			const batch, depth, keySpace = 16, 4, 4096
 			trace := callerTrace(b)
@@ -678,12 +673,6 @@ func BenchmarkCallerFloor(b *testing.B) {
 			free := []int{0, 1, 2, 3} // batches of bufs not in flight
 			slotOf := map[uint64]int{}
 			var calls, stores, spins latency.Counts
-			spin := func() {
-				t0 := time.Now()
-				for time.Since(t0) < spinFor {
-				}
-				spins.Record(time.Since(t0))
-			}
 			results := make([]Result, depth)
 			req := uint64(0)
 			for b.Loop() {
@@ -701,7 +690,7 @@ func BenchmarkCallerFloor(b *testing.B) {
 						b.Fatal(err)
 					}
 					free, slotOf[req] = free[:len(free)-1], slot
-					spin()
+					spin(&spins)
 				}
 				m0, t0 := trace.now(), time.Now()
 				n := tr.Poll(results)
@@ -716,17 +705,14 @@ func BenchmarkCallerFloor(b *testing.B) {
 					free = append(free, slotOf[r.Req])
 					delete(slotOf, r.Req)
 				}
-				spin()
+				spin(&spins)
 				if n == 0 {
 					<-tr.Ready()
 				}
 			}
-			b.ReportMetric(us(calls.Quantile(0.5)), "call-p50-µs")
-			b.ReportMetric(us(calls.Quantile(0.999)), "call-p99.9-µs")
-			b.ReportMetric(us(stores.Quantile(0.5)), "store-call-p50-µs")
-			b.ReportMetric(us(stores.Quantile(0.999)), "store-call-p99.9-µs")
-			b.ReportMetric(us(spins.Quantile(0.5)), "spin-p50-µs")
-			b.ReportMetric(us(spins.Quantile(0.999)), "spin-p99.9-µs")
+			report(b, "call", &calls)
+			report(b, "store-call", &stores)
+			report(b, "spin", &spins)
 		})
 	}
 }
