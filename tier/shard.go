@@ -309,7 +309,7 @@ func (s *shard) loop() {
 			// CPU, and a yield to it waits out the checksum. Nor loads on
 			// the store pool (EngineInfo.LoadsSync), which run on no owner.
 			// Raw: as a blocking system call, a yield past 20 µs had the
-			// runtime's sysmon take this P back (uring.Ring.Submit).
+			// runtime's sysmon take this P back (uring.Options.RawSubmit).
 			unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 		}
 		s.startKeys(now)
