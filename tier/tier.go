@@ -31,7 +31,7 @@ type Tier struct {
 	ns        *nsDirFD          // the namespace directory, shared by the shards' backends
 	ready     chan struct{}     // capacity 1: results are waiting
 	buffers   [][]byte          // aligned buffers offered to callers; immutable after Open
-	bufMem    []byte            // the mapping behind buffers; nil once Close has unmapped it
+	bufMem    []byte            // the memory behind buffers (mapped by Open, or Options.BufferMemory); nil after Close
 	bufStride int               // distance between buffers in bufMem
 	frames    [][]byte          // each buffer's frame (frame), which the io_uring engine registers; none if too large
 	frameBusy []atomic.Bool     // by frame: an io_uring op reads into it

@@ -38,8 +38,6 @@ func AllocBuffer(size int) ([]byte, error) {
 			unix.MunmapPtr(unsafe.Add(p, head+n), uintptr(tail))
 		}
 		p = unsafe.Add(p, head)
-	}
-	if extra > 0 {
 		unix.Madvise(unsafe.Slice((*byte)(p), n), unix.MADV_HUGEPAGE) // EINVAL without THP: small pages, as before
 	}
 	return unsafe.Slice((*byte)(p), size), nil

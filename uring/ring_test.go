@@ -542,12 +542,9 @@ func TestSQFullIsReported(t *testing.T) {
 // TestCQOverflowLosesNothing posts four times as many completions as the CQ
 // holds before reaping any.
 func TestCQOverflowLosesNothing(t *testing.T) {
-	all := []Options{{CQEntries: 8}, {CQEntries: 8, Disable: FlagDeferTaskrun | FlagSingleIssuer}}
-	for _, o := range all[:2] {
-		o.RawSubmit = true // the same through raw enters
-		all = append(all, o)
-	}
-	for _, opts := range all {
+	const plain = FlagDeferTaskrun | FlagSingleIssuer
+	for _, opts := range []Options{{CQEntries: 8}, {CQEntries: 8, Disable: plain},
+		{CQEntries: 8, RawSubmit: true}, {CQEntries: 8, Disable: plain, RawSubmit: true}} {
 		r := newRing(t, 8, opts)
 		require.NotZero(t, r.Features()&FeatNoDrop)
 		const total = 32
