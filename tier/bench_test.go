@@ -591,7 +591,9 @@ func dropCaches() error {
 // (the thread preempted by the owners, kernel workers, interrupts, the Go
 // runtime) makes the calls' long too. Reported: p50 and p99.9 of the calls,
 // of the Lookup calls alone and of the spins, in µs. engine=none spins with
-// no tier at all: the machine's own floor, which no call can go below.
+// no tier at all: the machine's own floor, which no call can go below; its
+// calls are spins of callSpin, a Store or Poll call's median, between the
+// long ones. testdata/callerfloor runs it beside another process's IO.
 // With URINGTIER_CALLER_TRACE set to a file, the caller's thread keeps to
 // CPU 0 and every call's start and end (CLOCK_MONOTONIC) go to the file,
 // for testdata/callertrace to set beside what perf saw on that CPU.
@@ -600,25 +602,28 @@ func dropCaches() error {
 // TMPDIR takes it, 4 batches of 16 in flight); its spins are the floor
 // under that load, which no Store or Poll call can go below.
 func BenchmarkCallerFloor(b *testing.B) {
-	const spinFor = 20 * time.Microsecond
+	const spinFor, callSpin = 20 * time.Microsecond, 2500 * time.Nanosecond
 	dir := lookupFixture(b)
 	keys := testKeys(seq(0, 1024)...)
-	spin := func(spins *latency.Counts) {
+	spinN := func(spins *latency.Counts, d time.Duration) {
 		t0 := time.Now()
-		for time.Since(t0) < spinFor {
+		for time.Since(t0) < d {
 		}
 		spins.Record(time.Since(t0))
 	}
+	spin := func(spins *latency.Counts) { spinN(spins, spinFor) }
 	report := func(b *testing.B, name string, c *latency.Counts) {
 		us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 		b.ReportMetric(us(c.Quantile(0.5)), name+"-p50-µs")
 		b.ReportMetric(us(c.Quantile(0.999)), name+"-p99.9-µs")
 	}
 	b.Run("engine=none", func(b *testing.B) {
-		var spins latency.Counts
+		var calls, spins latency.Counts
 		for b.Loop() {
+			spinN(&calls, callSpin)
 			spin(&spins)
 		}
+		report(b, "call", &calls)
 		report(b, "spin", &spins)
 	})
 	engines := []struct {
