@@ -376,3 +376,27 @@ func TestSyncWorkerHoldsOneOpOnFUSE(t *testing.T) {
 		require.Equal(t, StatusMissing, k.Status, "key %d", i)
 	}
 }
+
+// TestRawSubmitOnlyLocal: the rings of a tier on a local filesystem submit
+// with raw system calls (uring.Options.RawSubmit), those of a tier on FUSE
+// do not: there a file's last close, run inside the submit, may wait for
+// the server, and a raw call that sleeps holds its P all along.
+func TestRawSubmitOnlyLocal(t *testing.T) {
+	if err := uring.Available(); err != nil {
+		t.Skipf("needs io_uring: %v", err)
+	}
+	fsys := mountFaultFS(t)
+	for _, c := range []struct {
+		dir   string
+		local bool
+	}{{t.TempDir(), true}, {fsys.Mountpoint(), false}} {
+		tr, err := Open(c.dir, Options{BlockSize: testBlockSize, Engine: EngineURing, Rings: 2})
+		require.NoError(t, err)
+		require.Equal(t, c.local, tr.Engine().Inline, "filesystem %s", tr.Engine().FS)
+		require.Len(t, tr.shards, 2)
+		for _, s := range tr.shards {
+			assert.Equal(t, c.local, s.be.(*uringBackend).ring.RawSubmit(), "filesystem %s, ring %d", tr.Engine().FS, s.idx)
+		}
+		require.NoError(t, tr.Close(context.Background()))
+	}
+}

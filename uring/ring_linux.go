@@ -257,6 +257,10 @@ func (r *Ring) Flags() SetupFlags { return r.flags }
 // Features returns the features the kernel reported.
 func (r *Ring) Features() Features { return r.features }
 
+// RawSubmit reports whether the ring submits with raw system calls
+// (Options.RawSubmit).
+func (r *Ring) RawSubmit() bool { return r.rawSubmit }
+
 // SQEntries returns the size of the submission queue.
 func (r *Ring) SQEntries() uint32 { return r.sqEntries }
 

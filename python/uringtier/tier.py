@@ -328,7 +328,11 @@ class Tier:
             addrs = (c_void_p * buffers)()
             rc = self._lib.ut_buffers(self._handle, addrs, buffers)
             if rc != buffers:
-                raise self._lib.error(rc, "buffers") if rc < 0 else UringTierError(f"buffers: {rc} of {buffers}")
+                err = self._lib.error(rc, "buffers") if rc < 0 else UringTierError(f"buffers: {rc} of {buffers}")
+                self._handle = 0  # nothing submitted yet: close and free it here, not in __del__
+                self._lib.ut_close(handle.value, 0)
+                self._lib.ut_free(handle.value)
+                raise err
             whole = memoryview(arena)
             self.buffers = [whole[a - start:a - start + block_size] for a in addrs]
         self.path = os.fsdecode(path)
