@@ -197,12 +197,17 @@ class Conformance:
                 with self.assertRaisesRegex(uringtier.InvalidOptionsError, "buffers="):
                     uringtier.Tier(self.dir, block_size, engine=self.engine, buffers=n)
         # A library that gives fewer buffers than asked: the open fails, its handle closed and freed.
-        lib = uringtier._lib.load()
-        with mock.patch.object(lib, "ut_buffers", lambda handle, addrs, n: n - 1), \
-                mock.patch.object(lib, "ut_free", wraps=lib.ut_free) as free:
+        lib, handles = uringtier._lib.load(), []
+
+        def short(handle: int, addrs: object, n: int) -> int:
+            handles.append(handle)
+            return n - 1
+
+        with mock.patch.object(lib, "ut_buffers", short), mock.patch.object(lib, "ut_free", wraps=lib.ut_free) as free:
             with self.assertRaisesRegex(uringtier.UringTierError, "buffers: 1 of 2"):
                 uringtier.Tier(self.dir, BLOCK, engine=self.engine, buffers=2)
-            free.assert_called_once()
+            self.assertEqual(len(handles), 1)
+            free.assert_any_call(handles[0])
 
     def test_store_read_back_by_go(self: Base) -> None:
         # Blocks for capi/python_test.go to load through the Go tier after this run and check: 16
