@@ -117,6 +117,7 @@ var notInConformanceSuite = map[string]string{
 	"TestStuckPooledStore":                       "it holds a store on the io_uring engine's store pool",
 	"TestLoadsSyncOnTmpfs":                       "it counts the io_uring engine's SQEs for loads on a tmpfs",
 	"TestLoadsOnPool":                            "it runs tests of the suite with the io_uring engine's loads on its pool",
+	"TestRawSubmitOnlyLocal":                     "it reads how the io_uring engine's rings submit",
 }
 
 // TestConformanceWithoutIOURing runs the conformance suite in a child process of this test binary
