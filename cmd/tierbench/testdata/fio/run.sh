@@ -5,7 +5,8 @@
 # (2 GiB each; fio first in even rounds, the tier first in odd ones),
 # and fio's random 2 MiB reads of a 1 GiB file at depth 32 then `tierbench load --direct --depth 32
 # --batch 1 --hit-ratio 1` over 512 blocks; then each ratio to fio per round and at the median.
-# Every TIERBENCH given (default: one built from this tree) runs in each round, for A/B comparisons.
+# Every TIERBENCH given (default: one built from this tree) runs in each round, for A/B comparisons,
+# a different one first each round (on this device a binary's ratio moved with its place in the round).
 # Root, fio (apt-get install fio), about 9 GiB of memory.
 # usage: bash cmd/tierbench/testdata/fio/run.sh [ROUNDS=5] [TIERBENCH...]
 set -euo pipefail
@@ -57,8 +58,12 @@ fio_store() {
     --ioengine=io_uring --output-format=json | gbps write)" | tee -a "$out"
   rm -rf "$mnt/fio"
 }
+turns() { # the indexes of bins, from round r's first
+  local k
+  for k in "${!bins[@]}"; do echo $(((k + r) % ${#bins[@]})); done
+}
 tier_stores() { # 2 GiB each, as fio writes
-  for i in "${!bins[@]}"; do
+  for i in $(turns); do
     rm -rf "$mnt/tb"
     "${bins[$i]}" populate --dir "$mnt/tb" --block-size 2MiB --blocks 16 >/dev/null
     echo "$r $i store $("${bins[$i]}" store --dir "$mnt/tb" --engine uring --direct --depth 16 --batch 1 --keys 1024 --json | tier store)" | tee -a "$out"
@@ -77,7 +82,7 @@ for r in $(seq 0 "$rounds"); do
     --ioengine=io_uring --time_based --runtime=3 --output-format=json | gbps read)" | tee -a "$out"
   rm -rf "$mnt/fio"
   "${bins[0]}" populate --dir "$mnt/tb" --block-size 2MiB --blocks 512 >/dev/null
-  for i in "${!bins[@]}"; do
+  for i in $(turns); do
     echo "$r $i load $("${bins[$i]}" load --dir "$mnt/tb" --engine uring --direct --depth 32 --batch 1 --hit-ratio 1 --duration 3s --json | tier load)" | tee -a "$out"
   done
 done
