@@ -50,10 +50,10 @@ print(round((j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 1e6))' "$work/fio
   printf '%-44s %8s %8s %8s\n' "$label" $got "$mbs"
 }
 rate16=$(python3 -c 'import sys; s = sys.argv[1]; u = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(s[-1:].lower(), 1); print(int(float(s.rstrip("kKmMgG")) * u) // 16)' "$rate")
+files=(--rw=write --filesize=64k --create_on_open=1 --file_service_type=sequential --fallocate=none) # a new file a block
 for r in $(seq "$rounds"); do
   echo "round $r: p99.9 µs of the calls, of the 20 µs spins; fio MB/s"
   printf '%-44s %8s %8s\n' "engine=none, idle" $(bench engine=none)
-  files=(--rw=write --filesize=64k --create_on_open=1 --file_service_type=sequential --fallocate=none)
   beside "engine=none, fio write io_uring depth 64" "${files[@]}" --nrfiles=48000 --openfiles=64 \
     --ioengine=io_uring --iodepth=64 --rate="$rate"
   beside "engine=none, fio write pwrite 16 threads" "${files[@]}" --nrfiles=3000 --openfiles=1 --alloc-size=262144 \
