@@ -368,14 +368,9 @@ func (r *Ring) enter(waitNr uint32, timeout time.Duration) (int, error) {
 	if toSubmit == 0 && flags == 0 {
 		return 0, nil
 	}
+	syscall6 := r.enterCall(waitNr > 0)
 	for {
-		var n uintptr
-		var errno unix.Errno
-		if waitNr == 0 && r.rawSubmit {
-			n, _, errno = unix.RawSyscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(toSubmit), 0, uintptr(flags), 0, 0)
-		} else {
-			n, _, errno = unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(toSubmit), uintptr(waitNr), uintptr(flags), uintptr(arg), argSize)
-		}
+		n, _, errno := syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(toSubmit), uintptr(waitNr), uintptr(flags), uintptr(arg), argSize)
 		switch errno {
 		case 0:
 			return int(n), nil
@@ -435,14 +430,19 @@ func (r *Ring) copyCQ(dst []CQE) int {
 	return n
 }
 
+// enterCall is the system call an io_uring_enter makes: a raw one with
+// Options.RawSubmit, unless it waits for completions.
+func (r *Ring) enterCall(waits bool) func(trap, a1, a2, a3, a4, a5, a6 uintptr) (uintptr, uintptr, unix.Errno) {
+	if r.rawSubmit && !waits {
+		return unix.RawSyscall6
+	}
+	return unix.Syscall6
+}
+
 func (r *Ring) flushCQ() {
+	syscall6 := r.enterCall(false)
 	for {
-		var errno unix.Errno
-		if r.rawSubmit {
-			_, _, errno = unix.RawSyscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), 0, 0, enterGetEvents, 0, 0)
-		} else {
-			_, _, errno = unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), 0, 0, enterGetEvents, 0, 0)
-		}
+		_, _, errno := syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), 0, 0, enterGetEvents, 0, 0)
 		if errno != unix.EINTR {
 			return
 		}
