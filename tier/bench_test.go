@@ -612,6 +612,19 @@ func BenchmarkCallerFloor(b *testing.B) {
 		spins.Record(time.Since(t0))
 	}
 	spin := func(spins *latency.Counts) { spinN(spins, spinFor) }
+	// poll makes one timed Poll call and a spin after it, waits for results
+	// if none came, and returns those it took.
+	poll := func(tr *Tier, trace *callTrace, results []Result, calls, spins *latency.Counts) []Result {
+		m0, t0 := trace.now(), time.Now()
+		n := tr.Poll(results)
+		calls.Record(time.Since(t0))
+		trace.add('P', m0)
+		spin(spins)
+		if n == 0 {
+			<-tr.Ready()
+		}
+		return results[:n]
+	}
 	report := func(b *testing.B, name string, c *latency.Counts) {
 		us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 		b.ReportMetric(us(c.Quantile(0.5)), name+"-p50-µs")
@@ -653,15 +666,7 @@ func BenchmarkCallerFloor(b *testing.B) {
 					inFlight++
 					spin(&spins)
 				}
-				m0, t0 := trace.now(), time.Now()
-				n := tr.Poll(results)
-				calls.Record(time.Since(t0))
-				trace.add('P', m0)
-				inFlight -= n
-				spin(&spins)
-				if n == 0 {
-					<-tr.Ready()
-				}
+				inFlight -= len(poll(tr, trace, results, &calls, &spins))
 			}
 			report(b, "call", &calls)
 			report(b, "lookup-call", &lookups)
@@ -697,11 +702,7 @@ func BenchmarkCallerFloor(b *testing.B) {
 					free, slotOf[req] = free[:len(free)-1], slot
 					spin(&spins)
 				}
-				m0, t0 := trace.now(), time.Now()
-				n := tr.Poll(results)
-				calls.Record(time.Since(t0))
-				trace.add('P', m0)
-				for _, r := range results[:n] {
+				for _, r := range poll(tr, trace, results, &calls, &spins) {
 					for _, k := range r.Keys {
 						if k.Status != StatusStored {
 							b.Fatalf("store %d: %v %v", r.Req, k.Status, k.Err)
@@ -709,10 +710,6 @@ func BenchmarkCallerFloor(b *testing.B) {
 					}
 					free = append(free, slotOf[r.Req])
 					delete(slotOf, r.Req)
-				}
-				spin(&spins)
-				if n == 0 {
-					<-tr.Ready()
 				}
 			}
 			report(b, "call", &calls)
