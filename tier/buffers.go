@@ -33,6 +33,7 @@ func (t *Tier) allocBuffers() error {
 		}
 	}
 	t.frameBusy = make([]atomic.Bool, len(t.frames))
+	t.bufHome = make([]atomic.Uint32, len(t.buffers))
 	return nil
 }
 
@@ -54,8 +55,8 @@ func bufferStride(blockSize int) int {
 
 // freeBuffers unmaps the buffers once no kernel operation can use them,
 // unless they are the caller's (Options.BufferMemory). It leaves t.buffers
-// alone, which Buffers may be reading meanwhile; the owners, the only
-// readers of t.bufMem, are gone.
+// alone, which Buffers may be reading meanwhile; t.bufMem's readers, the
+// owners and the submits (dealLoad), are gone.
 func (t *Tier) freeBuffers() {
 	if t.bufMem != nil && t.opts.BufferMemory == nil {
 		uring.FreeBuffer(t.bufMem)
@@ -75,6 +76,19 @@ func (t *Tier) Buffers() [][]byte {
 		return nil
 	}
 	return t.buffers
+}
+
+// bufferHome returns the shard that buf's buffer last went to, for
+// dealLoad, when buf lies in one of the tier's buffers; nil otherwise.
+func (t *Tier) bufferHome(buf []byte) *atomic.Uint32 {
+	if len(buf) == 0 || len(t.bufHome) == 0 || !within(buf, t.bufMem) {
+		return nil
+	}
+	k := int(uintptr(unsafe.Pointer(&buf[0]))-uintptr(unsafe.Pointer(&t.bufMem[0]))) / t.bufStride
+	if k >= len(t.bufHome) {
+		return nil // past the buffers, in a longer BufferMemory
+	}
+	return &t.bufHome[k]
 }
 
 // frame returns buf's frame for blockstore.Program.Start, and the

@@ -97,6 +97,7 @@ var notInConformanceSuite = map[string]string{
 	"TestLockedOwnerWithSpareP":                  "it checks how the io_uring engine's owners sleep",
 	"TestLoadsSpreadOverRings":                   "it needs two io_uring rings; the sync engine has one shard",
 	"TestLoadLearnedBeforeInvalidate":            "it needs two io_uring rings; the sync engine has one shard",
+	"TestLoadsKeepToTheirBuffersRing":            "it needs two io_uring rings; the sync engine has one shard",
 	"TestHugeBlock":                              "it moves 2 GiB through each engine; the sync engine it would run in the child is the same code as here",
 	"TestLogBreaker":                             "it needs a FUSE mount, and the breaker is the shard's, the same code with either engine",
 	"TestLogFallback":                            "it starts its own child without io_uring",
