@@ -197,52 +197,65 @@ func TestLoadsSpreadOverRings(t *testing.T) {
 	assert.Equal(t, after[1], tr.Stats().RingOps[1], "lookups go to the ring of their hash")
 }
 
-// TestLoadsKeepToTheirBuffersRing: a load into one of the tier's buffers
-// goes to the ring its buffer's last load went to (where the buffer's
-// lines are likely cached), where idle rings would take loads in turn,
-// unless that ring has more than a run's keys unanswered beyond the
-// other's; the buffer's home then moves with it.
+// TestLoadsKeepToTheirBuffersRing: a page-cache load into one of the
+// tier's buffers goes to the ring its buffer's last load went to (where
+// the buffer's lines are likely cached), where idle rings would take loads
+// in turn, unless that ring has more than a run's keys unanswered beyond
+// the other's; the buffer's home then moves with it. O_DIRECT loads, and
+// loads into the caller's memory, take the rings in turn.
 func TestLoadsKeepToTheirBuffersRing(t *testing.T) {
-	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.Rings, o.Buffers = 2, 2 })
-	put(t, tr, 0)
-	bufs := tr.Buffers()
-	req := uint64(0)
-	ringOf := func(buf []byte) int { // the ring that loaded key 0 into buf
-		t.Helper()
-		before := tr.Stats().RingOps
-		req++
-		require.NoError(t, tr.Load(req, testKeys(0), [][]byte{buf}))
-		require.Equal(t, 1, await(t, tr, req)[req].Prefix, "key 0 loaded")
-		after := tr.Stats().RingOps
-		for ring := range after {
-			if after[ring] != before[ring] {
-				return ring
+	for _, direct := range []bool{false, true} {
+		t.Run(fmt.Sprintf("direct=%v", direct), func(t *testing.T) {
+			tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.Rings, o.Buffers, o.NoDirect = 2, 2, !direct })
+			require.Equal(t, direct, tr.Engine().Direct, "the probe: %s", tr.Engine().NoDirect)
+			put(t, tr, 0)
+			bufs := tr.Buffers()
+			req := uint64(0)
+			ringOf := func(buf []byte) int { // the ring that loaded key 0 into buf
+				t.Helper()
+				before := tr.Stats().RingOps
+				req++
+				require.NoError(t, tr.Load(req, testKeys(0), [][]byte{buf}))
+				require.Equal(t, 1, await(t, tr, req)[req].Prefix, "key 0 loaded")
+				after := tr.Stats().RingOps
+				for ring := range after {
+					if after[ring] != before[ring] {
+						return ring
+					}
+				}
+				t.Fatal("no ring took the load")
+				return -1
 			}
-		}
-		t.Fatal("no ring took the load")
-		return -1
-	}
-	home := []int{ringOf(bufs[0]), ringOf(bufs[1])}
-	for range 2 {
-		for k, buf := range bufs {
-			for range 3 { // in turn, the rings would alternate
-				assert.Equal(t, home[k], ringOf(buf), "buffer %d's load on its ring", k)
+			if direct {
+				first := ringOf(bufs[0])
+				assert.Equal(t, []int{1 - first, first, 1 - first}, []int{ringOf(bufs[0]), ringOf(bufs[0]), ringOf(bufs[0])}, "O_DIRECT loads on the rings in turn")
+				return
 			}
-		}
+			home := []int{ringOf(bufs[0]), ringOf(bufs[1])}
+			for range 2 {
+				for k, buf := range bufs {
+					for range 3 { // in turn, the rings would alternate
+						assert.Equal(t, home[k], ringOf(buf), "buffer %d's load on its ring", k)
+					}
+				}
+			}
+
+			// A ring with more than a run's keys unanswered beyond the
+			// other's (one key here) loses the buffer, which then stays on
+			// the other.
+			other := 1 - home[0]
+			tr.shards[home[0]].loadKeys.Add(2) // as if a backlog waited there
+			assert.Equal(t, other, ringOf(bufs[0]), "a backlog sends the load to the other ring")
+			tr.shards[home[0]].loadKeys.Add(-2)
+			assert.Equal(t, other, ringOf(bufs[0]), "the buffer's home moved with it")
+
+			// Memory of the caller's has no home: idle rings take its loads
+			// in turn.
+			own := make([]byte, testBlockSize)
+			first := ringOf(own)
+			assert.Equal(t, 1-first, ringOf(own), "the caller's memory on the rings in turn")
+		})
 	}
-
-	// A ring with more than a run's keys unanswered beyond the other's
-	// (one key here) loses the buffer, which then stays on the other.
-	other := 1 - home[0]
-	tr.shards[home[0]].loadKeys.Add(2) // as if a backlog waited there
-	assert.Equal(t, other, ringOf(bufs[0]), "a backlog sends the load to the other ring")
-	tr.shards[home[0]].loadKeys.Add(-2)
-	assert.Equal(t, other, ringOf(bufs[0]), "the buffer's home moved with it")
-
-	// Memory of the caller's has no home: idle rings take its loads in turn.
-	own := make([]byte, testBlockSize)
-	first := ringOf(own)
-	assert.Equal(t, 1-first, ringOf(own), "the caller's memory on the rings in turn")
 }
 
 // TestLoadLearnedBeforeInvalidate: what a load on another ring learned of

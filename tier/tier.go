@@ -181,13 +181,16 @@ const loadRun = 16
 // setKey answers them. Dealt in strict turn instead, whole batches piled up
 // on one ring whenever the other's had finished first: 256 KiB page-cache
 // loads made 0.64-0.85 of the sync engine's keys/s with 15% of the CPUs
-// idle, and make 0.94-1.15 so. A run whose first buffer is one of the
-// tier's goes back to the shard its last load went to, unless that shard
-// has a run's keys more than the fewest: the owner that copied into a
-// buffer last is likely still on the CPU whose cache holds the buffer's
-// lines, written by that copy, and a copy into lines another CPU holds
-// costs more (2 MiB page-cache reads into a buffer last read on the other
-// CPU: 1.27x the time). It returns the mask of the shards given keys.
+// idle, and make 0.94-1.15 so. Through the page cache, a run whose first
+// buffer is one of the tier's goes back to the shard its last load went
+// to, unless that shard has a run's keys more than the fewest: the owner
+// that copied into a buffer last is likely still on the CPU whose cache
+// holds the buffer's lines, written by that copy, and a copy into lines
+// another CPU holds costs more (2 MiB page-cache reads into a buffer last
+// read on the other CPU: 1.27x the time). Not with O_DIRECT, where the
+// device writes the buffer: 256 KiB O_DIRECT loads (BenchmarkLoad, 4
+// interleaved rounds) made 0.83-0.99x the bytes a second so. It returns
+// the mask of the shards given keys.
 func (t *Tier) dealLoad(r *request) (mask uint64) {
 	n := len(t.shards)
 	r.runs = r.runs[:0]
@@ -200,7 +203,7 @@ func (t *Tier) dealLoad(r *request) (mask uint64) {
 				best = j
 			}
 		}
-		if home := t.bufferHome(r.bufs[start]); home != nil {
+		if home := t.bufferHome(r.bufs[start]); home != nil && !t.engine.Direct {
 			if h := int(home.Load()) - 1; h >= 0 && t.shards[h].loadKeys.Load() <= t.shards[best].loadKeys.Load()+m {
 				best = h
 			}
