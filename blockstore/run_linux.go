@@ -16,6 +16,43 @@ func (p *Program) RunSync(dir int) {
 	p.execute(func(s *Step) int32 { return p.call(dir, s) })
 }
 
+// RunSyncWrites is RunSync with the file's writes made by write, given
+// the file's descriptor: another executor's (the tier's io_uring engine
+// writes on its ring the files that its pool of goroutines opens, closes
+// and renames). Before an O_DIRECT write from the file's start, it
+// allocates the file's blocks up to the write's end (fallocate): ext4 and
+// XFS take an O_DIRECT write over allocated blocks inside the file's size
+// without blocking (IOCB_NOWAIT), and hand one that extends the file to a
+// kernel worker. A filesystem without fallocate (EOPNOTSUPP) writes
+// without; any other failure (ENOSPC) is the write's.
+func (p *Program) RunSyncWrites(dir int, write func(fd int, s *Step) int32) {
+	p.execute(func(s *Step) int32 {
+		if s.Op != StepWrite && s.Op != StepWritev {
+			return p.call(dir, s)
+		}
+		if p.direct && s.Off == 0 {
+			if r := p.allocate(s.Asked()); r < 0 {
+				return r
+			}
+		}
+		return write(p.fd, s)
+	})
+}
+
+// allocate allocates the program's file's first n bytes, retrying EINTR;
+// it returns -errno, or 0 (also where the filesystem has no fallocate).
+func (p *Program) allocate(n int64) int32 {
+	for {
+		switch err := unix.Fallocate(p.fd, 0, 0, n); err {
+		case nil, unix.EOPNOTSUPP:
+			return 0
+		case unix.EINTR:
+		default:
+			return -int32(errnoOf(err))
+		}
+	}
+}
+
 // execute runs the phase's steps in order through call, as linked steps
 // run: after a LinkOnSuccess step fails, the rest of its chain gets
 // -ECANCELED without running.

@@ -105,12 +105,16 @@ func mountXFS(t *testing.T, sectorSize int) string {
 	return dir
 }
 
-// mountExt4 makes ext4 on a loop device and mounts it noatime on a fresh directory.
-func mountExt4(t *testing.T) string {
+// mountExt4 makes ext4 on a 128 MiB loop device and mounts it noatime on a fresh directory.
+func mountExt4(t *testing.T) string { return mountExt4Of(t, 128<<20) }
+
+// mountExt4Of makes ext4 on a loop device of size bytes and mounts it noatime on a fresh
+// directory.
+func mountExt4Of(t *testing.T, size int64) string {
 	t.Helper()
 	needRoot(t, "mounting ext4 on a loop device")
 	needTool(t, "mkfs.ext4", "e2fsprogs")
-	dev := loopDevice(t, 128<<20, 512)
+	dev := loopDevice(t, size, 512)
 	run(t, "mkfs.ext4", "-q", "-F", dev)
 	dir := t.TempDir()
 	require.NoError(t, unix.Mount(dev, dir, "ext4", unix.MS_NOATIME, ""), "mount ext4 from %s on %s", dev, dir)

@@ -3,6 +3,7 @@ package linux_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io/fs"
 	"syscall"
 	"testing"
@@ -13,20 +14,34 @@ import (
 	"github.com/uringtier/uringtier/tier"
 )
 
-// TestFullDisk stores into a 1 MiB tmpfs: the stores that do not fit end StatusFull with a per-key
+// TestFullDisk stores into a 1 MiB tmpfs through the page cache, and with O_DIRECT from the tier's
+// buffers into a 4 MiB ext4 (where the io_uring engine's store pool allocates a file's blocks
+// before its write goes on the ring): the stores that do not fit end StatusFull with a per-key
 // error wrapping ENOSPC while the others succeed, nothing partial is visible (no temporary file, no
 // corrupt block), and after deleting the others the failed stores succeed.
 func TestFullDisk(t *testing.T) {
 	const size = 64 << 10 // 16 blocks of 68 KiB files would need 1.06 MiB
+	for _, direct := range []bool{false, true} {
+		t.Run(fmt.Sprintf("direct=%v", direct), func(t *testing.T) { fullDisk(t, size, direct) })
+	}
+}
+
+func fullDisk(t *testing.T, size int, direct bool) {
 	engines(t, func(t *testing.T, kind tier.EngineKind) {
-		dir := mountTmpfs(t, 1<<20)
-		tr := openTier(t, kind, dir, func(o *tier.Options) { o.BlockSize = size })
+		dir, n := mountTmpfs(t, 1<<20), 24
+		if direct {
+			dir, n = mountExt4Of(t, 4<<20), 64 // about 2.4 MiB free: 36 files of 68 KiB
+		}
+		tr := openTier(t, kind, dir, func(o *tier.Options) { o.BlockSize, o.Buffers, o.NoDirect = size, n, !direct })
+		require.Equal(t, direct, tr.Engine().Direct, "the probe: %s", tr.Engine().NoDirect)
 		ns := tr.Namespace()
 
-		const n = 24
 		bufs := make([][]byte, n)
 		for i := range bufs {
 			bufs[i] = payload(i, size)
+			if direct {
+				bufs[i] = append(tr.Buffers()[i][:0], bufs[i]...) // aligned: O_DIRECT
+			}
 		}
 		require.NoError(t, tr.Store(1, keyRange(0, n), bufs))
 		r := await(t, tr, 1)[1]

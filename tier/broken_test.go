@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"path/filepath"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -62,6 +63,36 @@ func TestBrokenRingFailsTheTier(t *testing.T) {
 	assert.ErrorIs(t, err, syscall.EBADFD)
 	assert.Contains(t, tr.Engine().Broken, "engine broken")
 	assert.Contains(t, tr.Stats().Engine.Broken, "file descriptor in bad state")
+	require.NoError(t, tr.Close(context.Background()))
+}
+
+// TestBrokenRingFailsPoolWrites breaks the ring while O_DIRECT stores on
+// the store pool wait for their writes on it: each store ends StatusFailed
+// wrapping ErrBroken and the cause, none holds a buffer (the kernel took
+// none of the writes), no temporary file stays, and Close returns. Without
+// the ring's failure answering them, the pool's workers would wait for
+// the writes forever.
+func TestBrokenRingFailsPoolWrites(t *testing.T) {
+	armed, fired := faultSubmissions(t)
+	const n = 4
+	dir := t.TempDir()
+	tr := openTier(t, EngineURing, dir, func(o *Options) { o.Rings, o.Buffers, o.NoDirect = 1, n, false })
+	require.True(t, tr.Engine().StoresSync && tr.Engine().Direct, "O_DIRECT stores on the store pool: %+v", tr.Engine())
+	armed.Store(true)
+	bufs := tr.Buffers()
+	require.NoError(t, tr.Store(1, testKeys(seq(0, n)...), bufs))
+	r := awaitWithin(t, tr, 10*time.Second, 1)[1]
+	for i, k := range r.Keys {
+		assert.Equal(t, StatusFailed, k.Status, "key %d", i)
+		assert.ErrorIs(t, k.Err, ErrBroken, "key %d", i)
+		assert.ErrorIs(t, k.Err, syscall.EBADFD, "key %d", i)
+	}
+	require.Positive(t, fired.Load(), "the fault was not injected")
+	assert.Zero(t, r.Held, "the kernel took no write")
+	tmps, err := filepath.Glob(filepath.Join(dir, "*", "*", "*", "*.tmp*"))
+	require.NoError(t, err)
+	assert.Empty(t, tmps, "temporary files left")
+	require.ErrorIs(t, tr.Store(2, testKeys(0), bufs[:1]), ErrBroken, "a submit after the failure")
 	require.NoError(t, tr.Close(context.Background()))
 }
 

@@ -89,7 +89,8 @@ type syncPool struct {
 	notify func()     // called after a worker's ops are finished, if set
 	ns     *nsDirFD   // the namespace directory; workers read its fd concurrently
 	cfg    blockstore.Config
-	take   int // ops a worker takes at once at most
+	take   int                      // ops a worker takes at once at most
+	write  func(w *ringWrite) int32 // if set, makes O_DIRECT stores' writes: the io_uring engine's ring (uringBackend.ringWrite)
 	wg     sync.WaitGroup
 
 	mu    sync.Mutex
@@ -143,6 +144,11 @@ func (p *syncPool) worker(workers int) {
 	defer p.wg.Done()
 	prog := make([]blockstore.Program, 1)
 	hdr := alignedBytes(blockstore.ScratchSize)
+	w := &ringWrite{res: make(chan int32, 1)}
+	write := func(fd int, s *blockstore.Step) int32 {
+		w.fd, w.s = fd, s
+		return p.write(w)
+	}
 	batch := make([]int32, 0, p.take)
 	for i := range p.work {
 		batch = append(batch[:0], i)
@@ -160,7 +166,7 @@ func (p *syncPool) worker(workers int) {
 		}
 		for _, i := range batch {
 			o := &p.ops[i]
-			o.status, o.err = p.run(&prog[0], o, hdr)
+			o.status, o.err = p.run(&prog[0], o, hdr, w, write)
 			if poolRan != nil {
 				poolRan(o)
 			}
@@ -188,8 +194,9 @@ var poolRun func(o *op, uring bool)
 var poolRan func(o *op)
 
 // run executes o's program: one namespace directory for all its phases,
-// unless a store finds it gone.
-func (p *syncPool) run(prog *blockstore.Program, o *op, hdr []byte) (Status, error) {
+// unless a store finds it gone. An O_DIRECT store's writes go through
+// write (w's), where the pool has one.
+func (p *syncPool) run(prog *blockstore.Program, o *op, hdr []byte, w *ringWrite, write func(int, *blockstore.Step) int32) (Status, error) {
 	if poolRun != nil {
 		poolRun(o, p.notify != nil)
 	}
@@ -197,10 +204,19 @@ func (p *syncPool) run(prog *blockstore.Program, o *op, hdr []byte) (Status, err
 		return StatusFailed, err
 	}
 	dir := p.ns.currentAt(o.started)
+	onRing := p.write != nil && o.kind == OpStore && p.t.engine.Direct && aligned(o.buf)
+	w.o, w.broken = o, nil
 	for {
-		prog.RunSync(dir)
+		if onRing {
+			prog.RunSyncWrites(dir, write)
+		} else {
+			prog.RunSync(dir)
+		}
 		if prog.Judge() {
 			p.t.noteDisposal(prog)
+			if w.broken != nil {
+				return StatusFailed, w.broken
+			}
 			return tierStatus[prog.Status], prog.Err
 		}
 		if prog.Renew {

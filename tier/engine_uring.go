@@ -41,7 +41,10 @@ import (
 // costing more CPU than the call, and the workers, which Go's Ps do not
 // bound, take the caller's CPU; so the owner passes stores, O_DIRECT ones
 // too, to its store pool (a syncPool, EngineInfo.StoresSync), whose
-// goroutines make the calls and wake it when they finish. On tmpfs, whose
+// goroutines make the calls and wake it when they finish, all but an
+// O_DIRECT store's write: the worker hands that back to the owner's ring
+// (ringWrite), into blocks it allocated first, and parks until the owner
+// answers; no thread waits for the device. On tmpfs, whose
 // files do not take IOCB_NOWAIT, every read would go to a kernel worker
 // too: loads go to the pool there as well (EngineInfo.LoadsSync).
 //
@@ -65,57 +68,148 @@ import (
 const (
 	wakeUD   = ^uint64(0)
 	cancelUD = 1 << 62 // user_data of ASYNC_CANCEL SQEs; their CQEs are ignored
+	writeUD  = 1 << 61 // user_data of a pool's write: | its slot in writes
 )
 
+// ringWrite is a write of a store's file that a worker of the store pool
+// asks its owner to make on the ring: an O_DIRECT store's write, which
+// would otherwise block the worker's thread for as long as the device
+// takes (README, "the caller's longest calls"). A worker has one; the
+// owner answers it on res.
+type ringWrite struct {
+	o      *op // the store
+	fd     int
+	s      *blockstore.Step
+	res    chan int32
+	sqEnd  uint32 // the ring's SQ tail after its SQE: Taken says the kernel has it
+	broken error  // the ring broke before the write's answer: the store's error
+}
+
+// ringWrite makes w's write on the owner's ring and waits for it, parked:
+// no thread waits for the device. A broken ring answers at once.
+func (b *uringBackend) ringWrite(w *ringWrite) int32 {
+	b.writesMu.Lock()
+	if b.writesBroken != nil {
+		w.broken = b.writesBroken
+		b.writesMu.Unlock()
+		return -int32(unix.ECANCELED)
+	}
+	b.writesQ = append(b.writesQ, w)
+	b.writesMu.Unlock()
+	b.wake()
+	return <-w.res
+}
+
+// takeWrites prepares the writes the store pool has asked for, each an
+// SQE with the file's own descriptor (the pool opened it) and user_data
+// writeUD | its slot in writes.
+func (b *uringBackend) takeWrites() {
+	b.writesMu.Lock()
+	q := b.writesQ
+	b.writesQ = b.spareW[:0]
+	b.writesMu.Unlock()
+	for _, w := range q {
+		k := slices.Index(b.writes, nil)
+		if k < 0 {
+			k = len(b.writes)
+			b.writes = append(b.writes, nil)
+		}
+		sq := b.sqe()
+		if w.s.Op == blockstore.StepWritev {
+			sq.PrepareWritev(w.fd, w.s.Vec, uint64(w.s.Off))
+		} else {
+			sq.PrepareWrite(w.fd, w.s.Buf, uint64(w.s.Off))
+		}
+		sq.UserData = writeUD | uint64(k)
+		w.sqEnd = b.ring.SQTail()
+		b.writes[k] = w
+		b.nWrites++
+	}
+	b.spareW = q
+}
+
+// failWrites answers every write of the store pool, queued or in the
+// kernel, when the ring breaks: each store fails with the ring's error,
+// and one whose write the kernel took holds its buffer, as fail does.
+func (b *uringBackend) failWrites() {
+	b.writesMu.Lock()
+	b.writesBroken = b.broken
+	q := b.writesQ
+	b.writesQ = nil
+	b.writesMu.Unlock()
+	for _, w := range q {
+		w.broken = b.broken
+		w.res <- -int32(unix.ECANCELED)
+	}
+	for k, w := range b.writes {
+		if w == nil {
+			continue
+		}
+		if w.o.buf != nil && b.ring.Taken(w.sqEnd) {
+			b.t.hold(w.o.holder)
+		}
+		w.broken = b.broken
+		w.res <- -int32(unix.ECANCELED)
+		b.writes[k] = nil
+	}
+	b.nWrites = 0
+}
+
 type uringBackend struct {
-	t         *Tier
-	s         *shard
-	ring      *uring.Ring
-	waker     *uring.Waker // a locked owner with a spare P or without DEFER_TASKRUN: an armed READ that ends a wait in io_uring_enter
-	evfd      *os.File     // otherwise: the ring's registered eventfd, which the owner sleeps on in Go's netpoller
-	evfdN     int          // evfd's descriptor, for wake (File.Fd would make it blocking)
-	evraw     syscall.RawConn
-	evread    func(fd uintptr) bool // reads the eventfd; false (EAGAIN) parks in the netpoller
-	evbuf     [8]byte
-	ns        *nsDirFD // the namespace directory; replaced when it goes (nsdir.go)
-	direct    bool
-	rw        uint8                // SQE flags for opens, reads and writes: SQEAsync where the filesystem may block inline
-	chunk     uint32               // SQEs an owner queues before it submits them (submitChunk, or the SQ's size)
-	yield     bool                 // the owner yields its P after each chunk it submits
-	hdrLen    int                  // each program's header memory: ScratchSize (vectored loads) or HeaderSize
-	framed    []int32              // by op: 1 + the tier buffer whose frame it holds (scratch), or 0
-	progs     []blockstore.Program // op i's program; pinned: SQEs point into it until their CQEs
-	dirFD     []int                // the namespace directory op i resolves its paths beneath, for all its phases
-	await     []uint16             // op i's steps of its current phase without a result, a bit each
-	sqEnd     []uint32             // the SQ position past op i's current phase (uring.Ring.Taken)
-	pinner    runtime.Pinner
-	hdrs      []byte // OpsMax header buffers of ScratchSize, mmap'd (aligned); registered buffer 0
-	cqes      []uring.CQE
-	next      []int32 // ops whose next phase is to be prepared
-	doneQ     []int32 // finished ops not yet handed to the shard
-	recancel  []int32 // pairs (op, step): canceled ops whose later steps a hard link started
-	rearm     bool    // the waker fired: arm it again
-	cfg       blockstore.Config
-	cfgOpen   blockstore.Config // lookups by O_PATH open (LookupOpenPath, half of LookupMixed)
-	uncached  int               // cached-first lookup opens that the dentry cache could not answer, less coldHit for each it did (at least 0)
-	coldN     uint              // lookups started while uncached was coldRun or more: every coldProbe+1'th tries the cache (coldExit'th after probeHit)
-	probeHit  bool              // while cold, the cache answered the latest probe
-	broken    error             // the ring failed: ops fail with this, nothing more goes to the kernel
-	wakeC     chan struct{}     // wake's token, for an owner asleep with nothing in the kernel
-	timer     *time.Timer       // the owner's, for such sleeps
-	onEventfd atomic.Bool       // the owner sleeps on the eventfd: wake must write it
-	probed    []uint32          // slots a lookup's probe left a file in (blockstore.Step.Probe)
-	isProbed  []bool            // by slot: in probed
-	empty     []int32           // OpsMax times -1, to empty slots with
-	queued    int               // bytes of the reads and writes queued since the last submission
-	quiet     bool              // the ring signals its eventfd only while the owner sleeps on it (idle)
-	sumAside  int               // the payload from which a load is judged aside; 0: never
-	aside     []uint8           // by op: asideJudging, asideCanceled (judgeAside), asidePool
-	pool      *syncPool         // the store pool (stores through the page cache; on tmpfs loads too): runs the ops pooled says with plain system calls; nil: all go to the ring
-	nPooled   int               // of the shard's ops in use: those on the store pool
-	asideMu   sync.Mutex
-	verdicts  []verdict // Judges run aside, for the owner to take; under asideMu
-	spareV    []verdict
+	t            *Tier
+	s            *shard
+	ring         *uring.Ring
+	waker        *uring.Waker // a locked owner with a spare P or without DEFER_TASKRUN: an armed READ that ends a wait in io_uring_enter
+	evfd         *os.File     // otherwise: the ring's registered eventfd, which the owner sleeps on in Go's netpoller
+	evfdN        int          // evfd's descriptor, for wake (File.Fd would make it blocking)
+	evraw        syscall.RawConn
+	evread       func(fd uintptr) bool // reads the eventfd; false (EAGAIN) parks in the netpoller
+	evbuf        [8]byte
+	ns           *nsDirFD // the namespace directory; replaced when it goes (nsdir.go)
+	direct       bool
+	rw           uint8                // SQE flags for opens, reads and writes: SQEAsync where the filesystem may block inline
+	chunk        uint32               // SQEs an owner queues before it submits them (submitChunk, or the SQ's size)
+	yield        bool                 // the owner yields its P after each chunk it submits
+	hdrLen       int                  // each program's header memory: ScratchSize (vectored loads) or HeaderSize
+	framed       []int32              // by op: 1 + the tier buffer whose frame it holds (scratch), or 0
+	progs        []blockstore.Program // op i's program; pinned: SQEs point into it until their CQEs
+	dirFD        []int                // the namespace directory op i resolves its paths beneath, for all its phases
+	await        []uint16             // op i's steps of its current phase without a result, a bit each
+	sqEnd        []uint32             // the SQ position past op i's current phase (uring.Ring.Taken)
+	pinner       runtime.Pinner
+	hdrs         []byte // OpsMax header buffers of ScratchSize, mmap'd (aligned); registered buffer 0
+	cqes         []uring.CQE
+	next         []int32 // ops whose next phase is to be prepared
+	doneQ        []int32 // finished ops not yet handed to the shard
+	recancel     []int32 // pairs (op, step): canceled ops whose later steps a hard link started
+	rearm        bool    // the waker fired: arm it again
+	cfg          blockstore.Config
+	cfgOpen      blockstore.Config // lookups by O_PATH open (LookupOpenPath, half of LookupMixed)
+	uncached     int               // cached-first lookup opens that the dentry cache could not answer, less coldHit for each it did (at least 0)
+	coldN        uint              // lookups started while uncached was coldRun or more: every coldProbe+1'th tries the cache (coldExit'th after probeHit)
+	probeHit     bool              // while cold, the cache answered the latest probe
+	broken       error             // the ring failed: ops fail with this, nothing more goes to the kernel
+	wakeC        chan struct{}     // wake's token, for an owner asleep with nothing in the kernel
+	timer        *time.Timer       // the owner's, for such sleeps
+	onEventfd    atomic.Bool       // the owner sleeps on the eventfd: wake must write it
+	probed       []uint32          // slots a lookup's probe left a file in (blockstore.Step.Probe)
+	isProbed     []bool            // by slot: in probed
+	empty        []int32           // OpsMax times -1, to empty slots with
+	queued       int               // bytes of the reads and writes queued since the last submission
+	quiet        bool              // the ring signals its eventfd only while the owner sleeps on it (idle)
+	sumAside     int               // the payload from which a load is judged aside; 0: never
+	aside        []uint8           // by op: asideJudging, asideCanceled (judgeAside), asidePool
+	writesMu     sync.Mutex
+	writesQ      []*ringWrite // guarded by writesMu: the store pool's writes, for takeWrites
+	writesBroken error        // guarded by writesMu: the ring broke; writes fail at once
+	spareW       []*ringWrite
+	writes       []*ringWrite // by slot: the store pool's writes on the ring
+	nWrites      int          // of them, not nil
+	pool         *syncPool    // the store pool (stores through the page cache; on tmpfs loads too): runs the ops pooled says with plain system calls; nil: all go to the ring
+	nPooled      int          // of the shard's ops in use: those on the store pool
+	asideMu      sync.Mutex
+	verdicts     []verdict // Judges run aside, for the owner to take; under asideMu
+	spareV       []verdict
 }
 
 // verdict is what a Judge run aside returned for op i.
@@ -238,6 +332,9 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	if t.engine.StoresSync || t.engine.LoadsSync {
 		rings := t.opts.Rings
 		b.pool = newSyncPool(t, s, (t.opts.SyncWorkers+rings-1)/rings, 1, b.wake)
+		if t.engine.Direct && !t.engine.LoadsSync {
+			b.pool.write = b.ringWrite // not on tmpfs: no IOCB_NOWAIT, every write to a kernel worker
+		}
 	}
 	cq := 8 * entries
 	if ringSize > 0 {
@@ -375,6 +472,7 @@ func (b *uringBackend) fail(err error) {
 	}
 	b.next, b.recancel, b.rearm = b.next[:0], b.recancel[:0], false
 	clear(b.await)
+	b.failWrites()
 }
 
 // ud is the user_data of op i's step.
@@ -652,8 +750,10 @@ func (b *uringBackend) wake() {
 func (b *uringBackend) wakeCalls() bool { return b.evfd == nil || b.onEventfd.Load() }
 
 // sleepsOnKernel: idle sleeps on the eventfd only with an op in use that
-// is not on the store pool.
-func (b *uringBackend) sleepsOnKernel() bool { return b.evfd == nil || b.s.inUse > b.nPooled }
+// is not on the store pool, or a write of the pool's on the ring.
+func (b *uringBackend) sleepsOnKernel() bool {
+	return b.evfd == nil || b.s.inUse > b.nPooled || b.nWrites > 0
+}
 
 // eventfdOne is what wake adds to the eventfd's counter; shared and never
 // written, so that a wake allocates nothing.
@@ -681,6 +781,19 @@ func (b *uringBackend) handle(c uring.CQE) {
 		b.rearm = true
 		return
 	case c.UserData&cancelUD != 0:
+		return
+	case c.UserData&writeUD != 0:
+		k := int(c.UserData &^ writeUD)
+		if b.broken != nil {
+			return // failWrites answered it
+		}
+		if k >= len(b.writes) || b.writes[k] == nil {
+			b.fail(fmt.Errorf("completion for the store pool's write %d, not one in flight", k))
+			return
+		}
+		b.writes[k].res <- c.Res // its worker's, with room for it
+		b.writes[k] = nil
+		b.nWrites--
 		return
 	}
 	i, step := int32(c.UserData>>8), int(c.UserData&0xff)
@@ -903,6 +1016,9 @@ func (b *uringBackend) judged(i int32, decided bool) {
 // handed over since made 0.80-1.07. Neither is kept.
 func (b *uringBackend) wait(d time.Duration, done []int32) []int32 {
 	b.takePooled()
+	if b.pool != nil && b.pool.write != nil && b.broken == nil {
+		b.takeWrites()
+	}
 	if b.broken == nil {
 		// Phases that a submit in prepare reaped (its completions came
 		// inline) go with this submit: left for the end, they waited
@@ -1012,7 +1128,8 @@ func (b *uringBackend) emptyProbed() {
 
 // idle sleeps for at most d or until woken, and says whether it was. With nothing in the kernel
 // (no op in use but on the store pool, whose workers wake the owner when
-// they finish one; or no eventfd: a broken ring), nothing but wake can end the sleep, and
+// they finish one, and none of its writes on the ring; or no eventfd: a
+// broken ring), nothing but wake can end the sleep, and
 // the owner waits on a channel like any goroutine; otherwise it waits on
 // the ring's eventfd as well: a caller's wake is then a
 // channel send, not an eventfd write (64 KiB loads from the page cache,
@@ -1020,7 +1137,7 @@ func (b *uringBackend) emptyProbed() {
 // 0.9–1.5 µs, and a round trip of 8 lookups from 28–33 to 17–18 µs).
 func (b *uringBackend) idle(d time.Duration) (woken bool) {
 	d = max(d, time.Microsecond)
-	if b.s.inUse == b.nPooled || b.evfd == nil {
+	if b.s.inUse == b.nPooled && b.nWrites == 0 || b.evfd == nil {
 		b.timer.Reset(d)
 		select {
 		case <-b.wakeC:
@@ -1096,6 +1213,12 @@ func (b *uringBackend) prepareNext() {
 
 // close releases the ring and everything the kernel could reference. The
 // shard calls it only once no op is in flight.
+// brokenKept holds the backends of broken rings (close).
+var brokenKept struct {
+	sync.Mutex
+	l []*uringBackend
+}
+
 func (b *uringBackend) close() {
 	if b.pool != nil {
 		b.pool.close()
@@ -1103,12 +1226,18 @@ func (b *uringBackend) close() {
 	if b.broken != nil {
 		// The kernel may still write into the programs and buffers of
 		// the ops it had, and resolve paths against the namespace
-		// directory's fds: keep them, and close only the ring's.
+		// directory's fds: keep them, and close only the ring's. Kept
+		// for the process's life, the programs still pinned: a backend
+		// left to the garbage collector would free what the kernel may
+		// write, and its pinner's finalizer panics.
 		b.ring.Close()
 		if b.evfd != nil {
 			b.evfd.Close()
 		}
 		b.ns.release(true)
+		brokenKept.Lock()
+		brokenKept.l = append(brokenKept.l, b)
+		brokenKept.Unlock()
 		return
 	}
 	if b.ring != nil {

@@ -92,6 +92,7 @@ var notInConformanceSuite = map[string]string{
 	"TestStrayCompletionFailsTheTier":            "it posts a completion on the io_uring engine's ring",
 	"TestReapUnderPressure":                      "it shrinks the io_uring engine's queues",
 	"TestRingBreaksMidBatch":                     "it injects a fault into the io_uring engine's ring",
+	"TestBrokenRingFailsPoolWrites":              "it injects a fault into the io_uring engine's ring",
 	"TestCQESkipCompletes":                       "it checks how the io_uring engine completes steps that post no completion",
 	"TestSubmitChunks":                           "it counts the io_uring engine's submissions",
 	"TestLockedOwnerWithSpareP":                  "it checks how the io_uring engine's owners sleep",

@@ -17,9 +17,10 @@ import (
 )
 
 // TestStoresSync: on a local filesystem the io_uring engine runs stores,
-// through the page cache and with O_DIRECT alike, on its store pool, so
-// they hand nothing to the ring, and with Options.StoresOnRing on the
-// ring. Every store stores what a Get reads back, and lookups stay on the
+// through the page cache and with O_DIRECT alike, on its store pool, and
+// with Options.StoresOnRing on the ring. Page-cache stores on the pool
+// hand nothing to the ring; O_DIRECT ones hand it their writes, one SQE a
+// store. Every store stores what a Get reads back, and lookups stay on the
 // ring. (TestDirectBypassesPageCache shows the pool's O_DIRECT stores
 // leave nothing in the page cache.)
 func TestStoresSync(t *testing.T) {
@@ -54,10 +55,13 @@ func TestStoresSync(t *testing.T) {
 			for i, k := range await(t, tr, 1)[1].Keys {
 				require.Equal(t, StatusStored, k.Status, "store %d: %v", i, k.Err)
 			}
-			if c.onRing {
+			switch {
+			case c.onRing:
 				assert.Positive(t, sqes.Load(), "stores on the ring handed it no SQE")
-			} else {
-				assert.Zero(t, sqes.Load(), "stores on the store pool handed the ring SQEs")
+			case c.direct:
+				assert.EqualValues(t, n, sqes.Load(), "O_DIRECT stores on the store pool: their writes on the ring")
+			default:
+				assert.Zero(t, sqes.Load(), "page-cache stores on the store pool handed the ring SQEs")
 			}
 			for i := range idx {
 				got := make([]byte, testBlockSize)

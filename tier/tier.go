@@ -96,7 +96,10 @@ type EngineInfo struct {
 	// StoresSync says whether the io_uring engine runs stores, O_DIRECT
 	// ones too, as plain system calls on a pool of goroutines (SyncWorkers
 	// in all), as the sync engine does: on a local filesystem (Inline),
-	// unless Options.StoresOnRing.
+	// unless Options.StoresOnRing. An O_DIRECT store's write (Direct) is
+	// the exception, but on tmpfs (LoadsSync): the pool allocates the
+	// file's blocks and the write goes on the ring, its goroutine parked
+	// meanwhile, so that no thread waits for the device.
 	StoresSync bool
 	// LoadsSync says whether the io_uring engine runs loads on that pool
 	// too: on tmpfs, whose files do not take IOCB_NOWAIT, so that every

@@ -116,7 +116,7 @@ func TestDefaultRunTiny(t *testing.T) {
 	assert.Regexp(t, `(?m)^sync: plain syscalls`, out)
 	if strings.Contains(out, "uring: ") {
 		assert.Regexp(t, `(?m)^\s*uring\s+lookup\s+8\s+96\s`, out)
-		assert.Regexp(t, `(?m)^uring: io_uring, \d+ rings?, setup flags \S+; (stores as plain syscalls on a pool of goroutines \(a local filesystem\)|loads and stores as plain syscalls on a pool of goroutines \(tmpfs\)); loads and stores (with O_DIRECT|through the page cache \(.+\))$`, out)
+		assert.Regexp(t, `(?m)^uring: io_uring, \d+ rings?, setup flags \S+; (stores as plain syscalls on a pool of goroutines( but their writes, on the rings)? \(a local filesystem\)|loads and stores as plain syscalls on a pool of goroutines \(tmpfs\)); loads and stores (with O_DIRECT|through the page cache \(.+\))$`, out)
 	}
 	entries, err := os.ReadDir(tmp)
 	require.NoError(t, err)
@@ -443,22 +443,24 @@ func TestLatency(t *testing.T) {
 }
 
 // TestEngineLine: the engine line names what runs on the io_uring
-// engine's pool: page-cache stores on a local filesystem, loads and every
-// store on tmpfs, and loads alone on tmpfs with Options.StoresOnRing.
+// engine's pool: stores on a local filesystem (with O_DIRECT, but their
+// writes), loads and every store on tmpfs, and loads alone on tmpfs with
+// Options.StoresOnRing.
 func TestEngineLine(t *testing.T) {
-	e := tier.EngineInfo{Kind: tier.EngineURing, Rings: 2, Direct: true}
+	e := tier.EngineInfo{Kind: tier.EngineURing, Rings: 2}
 	for _, c := range []struct {
-		stores, loads bool
-		want          string
+		stores, loads, direct bool
+		want                  string
 	}{
-		{false, false, "; loads and stores with O_DIRECT"},
-		{true, false, "; stores as plain syscalls on a pool of goroutines (a local filesystem); "},
-		{true, true, "; loads and stores as plain syscalls on a pool of goroutines (tmpfs); "},
-		{false, true, "; loads as plain syscalls on a pool of goroutines (tmpfs); "},
+		{false, false, true, "; loads and stores with O_DIRECT"},
+		{true, false, true, "; stores as plain syscalls on a pool of goroutines but their writes, on the rings (a local filesystem); "},
+		{true, false, false, "; stores as plain syscalls on a pool of goroutines (a local filesystem); "},
+		{true, true, false, "; loads and stores as plain syscalls on a pool of goroutines (tmpfs); "},
+		{false, true, false, "; loads as plain syscalls on a pool of goroutines (tmpfs); "},
 	} {
-		e.StoresSync, e.LoadsSync = c.stores, c.loads
+		e.StoresSync, e.LoadsSync, e.Direct = c.stores, c.loads, c.direct
 		line := engineLine(e)
-		assert.Contains(t, line, c.want, "stores_sync %v, loads_sync %v", c.stores, c.loads)
+		assert.Contains(t, line, c.want, "stores_sync %v, loads_sync %v, direct %v", c.stores, c.loads, c.direct)
 		assert.Equal(t, c.stores || c.loads, strings.Contains(line, "pool of goroutines"), "%s", line)
 	}
 }

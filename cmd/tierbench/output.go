@@ -249,6 +249,8 @@ func engineLine(e tier.EngineInfo) string {
 			b.WriteString("loads and stores as plain syscalls on a pool of goroutines (tmpfs); ")
 		case e.LoadsSync:
 			b.WriteString("loads as plain syscalls on a pool of goroutines (tmpfs); ")
+		case e.StoresSync && e.Direct: // on tmpfs (LoadsSync) the writes stay on the pool
+			b.WriteString("stores as plain syscalls on a pool of goroutines but their writes, on the rings (a local filesystem); ")
 		case e.StoresSync:
 			b.WriteString("stores as plain syscalls on a pool of goroutines (a local filesystem); ")
 		}
