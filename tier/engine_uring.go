@@ -89,8 +89,8 @@ type ringWrite struct {
 // no thread waits for the device. A broken ring answers at once.
 func (b *uringBackend) ringWrite(w *ringWrite) int32 {
 	b.writesMu.Lock()
-	if b.writesBroken != nil {
-		w.broken = b.writesBroken
+	if b.writesErr != nil {
+		w.broken = b.writesErr
 		b.writesMu.Unlock()
 		return -int32(unix.ECANCELED)
 	}
@@ -133,7 +133,7 @@ func (b *uringBackend) takeWrites() {
 // and one whose write the kernel took holds its buffer, as fail does.
 func (b *uringBackend) failWrites() {
 	b.writesMu.Lock()
-	b.writesBroken = b.broken
+	b.writesErr = b.broken
 	q := b.writesQ
 	b.writesQ = nil
 	b.writesMu.Unlock()
@@ -156,60 +156,60 @@ func (b *uringBackend) failWrites() {
 }
 
 type uringBackend struct {
-	t            *Tier
-	s            *shard
-	ring         *uring.Ring
-	waker        *uring.Waker // a locked owner with a spare P or without DEFER_TASKRUN: an armed READ that ends a wait in io_uring_enter
-	evfd         *os.File     // otherwise: the ring's registered eventfd, which the owner sleeps on in Go's netpoller
-	evfdN        int          // evfd's descriptor, for wake (File.Fd would make it blocking)
-	evraw        syscall.RawConn
-	evread       func(fd uintptr) bool // reads the eventfd; false (EAGAIN) parks in the netpoller
-	evbuf        [8]byte
-	ns           *nsDirFD // the namespace directory; replaced when it goes (nsdir.go)
-	direct       bool
-	rw           uint8                // SQE flags for opens, reads and writes: SQEAsync where the filesystem may block inline
-	chunk        uint32               // SQEs an owner queues before it submits them (submitChunk, or the SQ's size)
-	yield        bool                 // the owner yields its P after each chunk it submits
-	hdrLen       int                  // each program's header memory: ScratchSize (vectored loads) or HeaderSize
-	framed       []int32              // by op: 1 + the tier buffer whose frame it holds (scratch), or 0
-	progs        []blockstore.Program // op i's program; pinned: SQEs point into it until their CQEs
-	dirFD        []int                // the namespace directory op i resolves its paths beneath, for all its phases
-	await        []uint16             // op i's steps of its current phase without a result, a bit each
-	sqEnd        []uint32             // the SQ position past op i's current phase (uring.Ring.Taken)
-	pinner       runtime.Pinner
-	hdrs         []byte // OpsMax header buffers of ScratchSize, mmap'd (aligned); registered buffer 0
-	cqes         []uring.CQE
-	next         []int32 // ops whose next phase is to be prepared
-	doneQ        []int32 // finished ops not yet handed to the shard
-	recancel     []int32 // pairs (op, step): canceled ops whose later steps a hard link started
-	rearm        bool    // the waker fired: arm it again
-	cfg          blockstore.Config
-	cfgOpen      blockstore.Config // lookups by O_PATH open (LookupOpenPath, half of LookupMixed)
-	uncached     int               // cached-first lookup opens that the dentry cache could not answer, less coldHit for each it did (at least 0)
-	coldN        uint              // lookups started while uncached was coldRun or more: every coldProbe+1'th tries the cache (coldExit'th after probeHit)
-	probeHit     bool              // while cold, the cache answered the latest probe
-	broken       error             // the ring failed: ops fail with this, nothing more goes to the kernel
-	wakeC        chan struct{}     // wake's token, for an owner asleep with nothing in the kernel
-	timer        *time.Timer       // the owner's, for such sleeps
-	onEventfd    atomic.Bool       // the owner sleeps on the eventfd: wake must write it
-	probed       []uint32          // slots a lookup's probe left a file in (blockstore.Step.Probe)
-	isProbed     []bool            // by slot: in probed
-	empty        []int32           // OpsMax times -1, to empty slots with
-	queued       int               // bytes of the reads and writes queued since the last submission
-	quiet        bool              // the ring signals its eventfd only while the owner sleeps on it (idle)
-	sumAside     int               // the payload from which a load is judged aside; 0: never
-	aside        []uint8           // by op: asideJudging, asideCanceled (judgeAside), asidePool
-	writesMu     sync.Mutex
-	writesQ      []*ringWrite // guarded by writesMu: the store pool's writes, for takeWrites
-	writesBroken error        // guarded by writesMu: the ring broke; writes fail at once
-	spareW       []*ringWrite
-	writes       []*ringWrite // by slot: the store pool's writes on the ring
-	nWrites      int          // of them, not nil
-	pool         *syncPool    // the store pool (stores through the page cache; on tmpfs loads too): runs the ops pooled says with plain system calls; nil: all go to the ring
-	nPooled      int          // of the shard's ops in use: those on the store pool
-	asideMu      sync.Mutex
-	verdicts     []verdict // Judges run aside, for the owner to take; under asideMu
-	spareV       []verdict
+	t         *Tier
+	s         *shard
+	ring      *uring.Ring
+	waker     *uring.Waker // a locked owner with a spare P or without DEFER_TASKRUN: an armed READ that ends a wait in io_uring_enter
+	evfd      *os.File     // otherwise: the ring's registered eventfd, which the owner sleeps on in Go's netpoller
+	evfdN     int          // evfd's descriptor, for wake (File.Fd would make it blocking)
+	evraw     syscall.RawConn
+	evread    func(fd uintptr) bool // reads the eventfd; false (EAGAIN) parks in the netpoller
+	evbuf     [8]byte
+	ns        *nsDirFD // the namespace directory; replaced when it goes (nsdir.go)
+	direct    bool
+	rw        uint8                // SQE flags for opens, reads and writes: SQEAsync where the filesystem may block inline
+	chunk     uint32               // SQEs an owner queues before it submits them (submitChunk, or the SQ's size)
+	yield     bool                 // the owner yields its P after each chunk it submits
+	hdrLen    int                  // each program's header memory: ScratchSize (vectored loads) or HeaderSize
+	framed    []int32              // by op: 1 + the tier buffer whose frame it holds (scratch), or 0
+	progs     []blockstore.Program // op i's program; pinned: SQEs point into it until their CQEs
+	dirFD     []int                // the namespace directory op i resolves its paths beneath, for all its phases
+	await     []uint16             // op i's steps of its current phase without a result, a bit each
+	sqEnd     []uint32             // the SQ position past op i's current phase (uring.Ring.Taken)
+	pinner    runtime.Pinner
+	hdrs      []byte // OpsMax header buffers of ScratchSize, mmap'd (aligned); registered buffer 0
+	cqes      []uring.CQE
+	next      []int32 // ops whose next phase is to be prepared
+	doneQ     []int32 // finished ops not yet handed to the shard
+	recancel  []int32 // pairs (op, step): canceled ops whose later steps a hard link started
+	rearm     bool    // the waker fired: arm it again
+	cfg       blockstore.Config
+	cfgOpen   blockstore.Config // lookups by O_PATH open (LookupOpenPath, half of LookupMixed)
+	uncached  int               // cached-first lookup opens that the dentry cache could not answer, less coldHit for each it did (at least 0)
+	coldN     uint              // lookups started while uncached was coldRun or more: every coldProbe+1'th tries the cache (coldExit'th after probeHit)
+	probeHit  bool              // while cold, the cache answered the latest probe
+	broken    error             // the ring failed: ops fail with this, nothing more goes to the kernel
+	wakeC     chan struct{}     // wake's token, for an owner asleep with nothing in the kernel
+	timer     *time.Timer       // the owner's, for such sleeps
+	onEventfd atomic.Bool       // the owner sleeps on the eventfd: wake must write it
+	probed    []uint32          // slots a lookup's probe left a file in (blockstore.Step.Probe)
+	isProbed  []bool            // by slot: in probed
+	empty     []int32           // OpsMax times -1, to empty slots with
+	queued    int               // bytes of the reads and writes queued since the last submission
+	quiet     bool              // the ring signals its eventfd only while the owner sleeps on it (idle)
+	sumAside  int               // the payload from which a load is judged aside; 0: never
+	aside     []uint8           // by op: asideJudging, asideCanceled (judgeAside), asidePool
+	writesMu  sync.Mutex
+	writesQ   []*ringWrite // guarded by writesMu: the store pool's writes, for takeWrites
+	writesErr error        // guarded by writesMu: the ring broke; writes fail at once
+	spareW    []*ringWrite
+	writes    []*ringWrite // by slot: the store pool's writes on the ring
+	nWrites   int          // of them, not nil
+	pool      *syncPool    // the store pool (stores through the page cache; on tmpfs loads too): runs the ops pooled says with plain system calls; nil: all go to the ring
+	nPooled   int          // of the shard's ops in use: those on the store pool
+	asideMu   sync.Mutex
+	verdicts  []verdict // Judges run aside, for the owner to take; under asideMu
+	spareV    []verdict
 }
 
 // verdict is what a Judge run aside returned for op i.
@@ -1211,14 +1211,14 @@ func (b *uringBackend) prepareNext() {
 	}
 }
 
-// close releases the ring and everything the kernel could reference. The
-// shard calls it only once no op is in flight.
 // brokenKept holds the backends of broken rings (close).
 var brokenKept struct {
 	sync.Mutex
 	l []*uringBackend
 }
 
+// close releases the ring and everything the kernel could reference. The
+// shard calls it only once no op is in flight.
 func (b *uringBackend) close() {
 	if b.pool != nil {
 		b.pool.close()
