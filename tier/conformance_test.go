@@ -53,8 +53,10 @@ func forEachEngine(t *testing.T, f func(t *testing.T, kind EngineKind)) {
 
 // testNoDirect, when set (by judgeAllAside), makes openTier's tiers load
 // and store through the page cache; testStoresOnRing (TestStoresOnRing)
-// keeps their io_uring engine's stores on the rings.
-var testNoDirect, testStoresOnRing bool
+// keeps their io_uring engine's stores on the rings; testAligned
+// (TestStoresWriteOnRing) has testPayload return memory aligned for
+// O_DIRECT, whose stores the io_uring engine's pool writes on its ring.
+var testNoDirect, testStoresOnRing, testAligned bool
 
 func openTier(t testing.TB, kind EngineKind, dir string, mod func(*Options)) *Tier {
 	t.Helper()
@@ -100,6 +102,9 @@ func testKeys(idx ...int) [][]byte {
 
 func testPayload(i int) []byte {
 	p := make([]byte, testBlockSize)
+	if testAligned {
+		p = alignedBytes(testBlockSize)
+	}
 	rng := rand.New(rand.NewPCG(uint64(i), 7))
 	for k := range p {
 		p[k] = byte(rng.Uint32())

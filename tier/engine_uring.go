@@ -88,6 +88,9 @@ type ringWrite struct {
 // ringWrite makes w's write on the owner's ring and waits for it, parked:
 // no thread waits for the device. A broken ring answers at once.
 func (b *uringBackend) ringWrite(w *ringWrite) int32 {
+	if ringWriteAsked != nil {
+		ringWriteAsked(w.o)
+	}
 	b.writesMu.Lock()
 	if b.writesErr != nil {
 		w.broken = b.writesErr
@@ -99,6 +102,10 @@ func (b *uringBackend) ringWrite(w *ringWrite) int32 {
 	b.wake()
 	return <-w.res
 }
+
+// ringWriteAsked, when set (by tests), is called by a store pool's worker
+// as it asks its owner for a write.
+var ringWriteAsked func(o *op)
 
 // takeWrites prepares the writes the store pool has asked for, each an
 // SQE with the file's own descriptor (the pool opened it) and user_data

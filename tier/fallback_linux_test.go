@@ -116,6 +116,8 @@ var notInConformanceSuite = map[string]string{
 	"TestRingBreaksWhileJudgedAside":             "it holds a load of the io_uring engine in its Judge aside and breaks the ring",
 	"TestStoresSync":                             "it counts the io_uring engine's SQEs for stores on and off its rings",
 	"TestStoresOnRing":                           "it runs tests of the suite with the io_uring engine's stores on its rings",
+	"TestCloseWithRingWritesInFlight":            "it watches the io_uring engine's store pool hand writes to its rings",
+	"TestStoresWriteOnRing":                      "it runs tests of the suite with the io_uring engine's O_DIRECT store writes on its rings",
 	"TestStuckPooledStore":                       "it holds a store on the io_uring engine's store pool",
 	"TestLoadsSyncOnTmpfs":                       "it counts the io_uring engine's SQEs for loads on a tmpfs",
 	"TestLoadsOnPool":                            "it runs tests of the suite with the io_uring engine's loads on its pool",

@@ -104,6 +104,80 @@ func TestStoresOnRing(t *testing.T) {
 	}
 }
 
+// TestStoresWriteOnRing runs the tests that store through the io_uring
+// engine with aligned payloads (testAligned): O_DIRECT stores, which its
+// store pool runs but for their writes, made on the rings. Each test must
+// have made some such writes.
+func TestStoresWriteOnRing(t *testing.T) {
+	testAligned = true
+	t.Cleanup(func() { testAligned = false })
+	var writes atomic.Int64
+	ringWriteAsked = func(*op) { writes.Add(1) }
+	t.Cleanup(func() { ringWriteAsked = nil })
+	for _, c := range []suiteTest{
+		{"TestStore", TestStore}, {"TestStoreDirectoryVanished", TestStoreDirectoryVanished},
+		{"TestBurstStoresIntoNewDirectories", TestBurstStoresIntoNewDirectories},
+		{"TestStoreAfterNamespaceRemoved", TestStoreAfterNamespaceRemoved},
+		{"TestStoreAfterFanoutRemoved", TestStoreAfterFanoutRemoved}, {"TestStoreAfterRepeatedRemoval", TestStoreAfterRepeatedRemoval},
+		{"TestFileInPlaceOfFanoutDir", TestFileInPlaceOfFanoutDir}, {"TestDirectoryIsAFile", TestDirectoryIsAFile},
+		{"TestCapacityFull", TestCapacityFull}, {"TestModel", TestModel},
+	} {
+		writes.Store(0)
+		t.Run(c.name, c.f)
+		assert.Positive(t, writes.Load(), "%s: no store wrote on a ring", c.name)
+	}
+}
+
+// TestCloseWithRingWritesInFlight closes the tier once the first of 32
+// O_DIRECT stores has asked its owner for its write: Close waits for the
+// writes on the rings, every store ends stored (or canceled before it
+// started), each stored block reads back whole, and no temporary file is
+// left.
+func TestCloseWithRingWritesInFlight(t *testing.T) {
+	var writes atomic.Int64
+	asked := make(chan struct{})
+	ringWriteAsked = func(*op) {
+		if writes.Add(1) == 1 {
+			close(asked)
+		}
+	}
+	t.Cleanup(func() { ringWriteAsked = nil })
+	const n = 32
+	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.Buffers = n })
+	require.True(t, tr.Engine().StoresSync && tr.Engine().Direct, "O_DIRECT stores on the store pool: %+v", tr.Engine())
+	bufs := tr.Buffers()
+	for i := range bufs {
+		copy(bufs[i], testPayload(i))
+	}
+	for i := range n {
+		require.NoError(t, tr.Store(uint64(i), testKeys(i), bufs[i:i+1]))
+	}
+	select {
+	case <-asked:
+	case <-time.After(10 * time.Second):
+		require.FailNow(t, "no store asked for a write on a ring")
+	}
+	require.NoError(t, tr.Close(context.Background()))
+	reqs := make([]uint64, n)
+	for i := range reqs {
+		reqs[i] = uint64(i)
+	}
+	stored := 0
+	for i, r := range await(t, tr, reqs...) {
+		k := r.Keys[0]
+		require.Contains(t, []Status{StatusStored, StatusCanceled}, k.Status, "store %d: %v", i, k.Err)
+		if k.Status == StatusStored {
+			stored++
+			got := make([]byte, testBlockSize)
+			_, err := tr.BlockStore().Get(tr.Namespace(), testKey(int(i)), got)
+			require.NoError(t, err)
+			require.Equal(t, testPayload(int(i)), got, "block %d", i)
+		}
+	}
+	assert.Positive(t, stored, "no store finished")
+	assertNoTempFiles(t, tr)
+}
+
 // countPooled counts, for the rest of the test, the ops of kind that run
 // on an io_uring engine's pool.
 func countPooled(t *testing.T, kind Op) *atomic.Int64 {
