@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,7 +21,7 @@ import (
 // through the page cache and with O_DIRECT alike, on its store pool, and
 // with Options.StoresOnRing on the ring. Page-cache stores on the pool
 // hand nothing to the ring; O_DIRECT ones hand it their writes, one SQE a
-// store. Every store stores what a Get reads back, and lookups stay on the
+// store, also to an owner locked to its thread (STATX lookups). Every store stores what a Get reads back, and lookups stay on the
 // ring. (TestDirectBypassesPageCache shows the pool's O_DIRECT stores
 // leave nothing in the page cache.)
 func TestStoresSync(t *testing.T) {
@@ -31,15 +32,22 @@ func TestStoresSync(t *testing.T) {
 	}
 	t.Cleanup(func() { ringFault = nil })
 	for _, c := range []struct {
-		name           string
-		onRing, direct bool
-	}{{"pool", false, false}, {"onring", true, false}, {"direct", false, true}} {
+		name                  string
+		onRing, direct, statx bool
+	}{{"pool", false, false, false}, {"onring", true, false, false}, {"direct", false, true, false}, {"direct-statx", false, true, true}} {
 		t.Run(c.name, func(t *testing.T) {
 			const n = 16
 			tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) {
 				o.StoresOnRing, o.NoDirect, o.Buffers = c.onRing, !c.direct, n
+				if c.statx {
+					// Owners locked to their threads; a ring per P, so
+					// that they submit through submit (ringFault), not in
+					// the io_uring_enter they sleep in with a P to spare.
+					o.Lookup, o.Rings = LookupStatx, runtime.GOMAXPROCS(0)
+				}
 			})
 			assert.Equal(t, !c.onRing, tr.Engine().StoresSync)
+			assert.Equal(t, c.statx, tr.Engine().OwnThreads)
 			if c.direct {
 				// Else the case is "pool" again, and would pass with
 				// O_DIRECT stores kept on the ring.
