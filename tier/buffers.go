@@ -78,17 +78,31 @@ func (t *Tier) Buffers() [][]byte {
 	return t.buffers
 }
 
-// bufferHome returns the shard that buf's buffer last went to, for
-// dealLoad, when buf lies in one of the tier's buffers; nil otherwise.
-func (t *Tier) bufferHome(buf []byte) *atomic.Uint32 {
-	if len(buf) == 0 || len(t.bufHome) == 0 || !within(buf, t.bufMem) {
+// bufferAt returns the index of the tier's buffer in whose stride buf
+// starts, and buf's offset in bufMem; -1 when buf does not lie in bufMem,
+// or lies past the buffers (in a BufferMemory longer than they need).
+func (t *Tier) bufferAt(buf []byte) (k, off int) {
+	if len(buf) == 0 || !within(buf, t.bufMem) {
+		return -1, 0
+	}
+	off = int(uintptr(unsafe.Pointer(&buf[0])) - uintptr(unsafe.Pointer(&t.bufMem[0])))
+	if k = off / t.bufStride; k >= len(t.buffers) {
+		return -1, 0
+	}
+	return k, off
+}
+
+// homeOf returns, for dealLoad, 1 + the shard that the last load into
+// buf's buffer went to, when buf lies in one of the tier's buffers and
+// loads go through the page cache to one of several shards; nil otherwise.
+func (t *Tier) homeOf(buf []byte) *atomic.Uint32 {
+	if len(t.shards) == 1 || t.engine.Direct {
 		return nil
 	}
-	k := int(uintptr(unsafe.Pointer(&buf[0]))-uintptr(unsafe.Pointer(&t.bufMem[0]))) / t.bufStride
-	if k >= len(t.bufHome) {
-		return nil // past the buffers, in a longer BufferMemory
+	if k, _ := t.bufferAt(buf); k >= 0 {
+		return &t.bufHome[k]
 	}
-	return &t.bufHome[k]
+	return nil
 }
 
 // frame returns buf's frame for blockstore.Program.Start, and the
@@ -97,12 +111,8 @@ func (t *Tier) bufferHome(buf []byte) *atomic.Uint32 {
 // READ_FIXED of a registered buffer, whose pages the kernel does not pin
 // IO by IO as it does an iovec's. It returns nil otherwise.
 func (t *Tier) frame(buf []byte) (int, []byte) {
-	if len(buf) == 0 || len(t.frames) == 0 || !within(buf, t.bufMem) {
-		return 0, nil
-	}
-	off := int(uintptr(unsafe.Pointer(&buf[0])) - uintptr(unsafe.Pointer(&t.bufMem[0])))
-	k := off / t.bufStride
-	if off != k*t.bufStride+blockstore.HeaderSize || len(buf)+2*blockstore.HeaderSize > t.bufStride {
+	k, off := t.bufferAt(buf)
+	if k < 0 || len(t.frames) == 0 || off != k*t.bufStride+blockstore.HeaderSize || len(buf)+2*blockstore.HeaderSize > t.bufStride {
 		return 0, nil
 	}
 	return k, t.frames[k][:len(buf)+2*blockstore.HeaderSize]

@@ -526,6 +526,23 @@ func TestBufferMemory(t *testing.T) {
 		require.NoError(t, tr.Close(context.Background()))
 		assert.Nil(t, tr.Buffers())
 		assert.Equal(t, testPayload(3), mem[stride+blockstore.HeaderSize:stride+blockstore.HeaderSize+testBlockSize], "the memory, still mapped, is the caller's")
+
+		// Memory longer than the buffers: a slice past them, where a third
+		// buffer would start, is the caller's memory like any other (it
+		// once indexed past the registered frames).
+		long, err := uring.AllocBuffer(size + stride)
+		require.NoError(t, err)
+		t.Cleanup(func() { uring.FreeBuffer(long) })
+		tr = openTier(t, kind, t.TempDir(), func(o *Options) { o.Buffers, o.BufferMemory = 2, long })
+		past := long[2*stride+blockstore.HeaderSize : 2*stride+blockstore.HeaderSize+testBlockSize]
+		copy(past, testPayload(4))
+		require.NoError(t, tr.Store(3, testKeys(4), [][]byte{past}))
+		require.Equal(t, StatusStored, await(t, tr, 3)[3].Keys[0].Status)
+		clear(past)
+		require.NoError(t, tr.Load(4, testKeys(4), [][]byte{past}))
+		k := await(t, tr, 4)[4].Keys[0]
+		require.Equal(t, StatusLoaded, k.Status, "%v", k.Err)
+		assert.Equal(t, testPayload(4), past)
 	})
 	t.Run("file-backed", func(t *testing.T) {
 		// A mapping of a file on disk, which io_uring does not register:

@@ -152,7 +152,7 @@ func (b *uringBackend) failWrites() {
 		if w == nil {
 			continue
 		}
-		if w.o.buf != nil && b.ring.Taken(w.sqEnd) {
+		if b.ring.Taken(w.sqEnd) {
 			b.t.hold(w.o.holder)
 		}
 		w.broken = b.broken
@@ -534,15 +534,9 @@ func (b *uringBackend) bufIndex(buf []byte) int {
 	if within(buf, b.hdrs) {
 		return 0
 	}
-	mem := b.t.bufMem
-	if len(b.t.frames) == 0 || !within(buf, mem) {
-		return -1
-	}
-	base := uintptr(unsafe.Pointer(&mem[0]))
-	p := uintptr(unsafe.Pointer(&buf[0]))
-	k := int(p-base) / b.t.bufStride
-	if p+uintptr(len(buf)) > base+uintptr((k+1)*b.t.bufStride) {
-		return -1 // spans two buffers
+	k, off := b.t.bufferAt(buf)
+	if k < 0 || len(b.t.frames) == 0 || off+len(buf) > (k+1)*b.t.bufStride {
+		return -1 // not in a frame, or spans two
 	}
 	return k + 1
 }

@@ -206,7 +206,7 @@ func (t *Tier) dealLoad(r *request) (mask uint64) {
 				best = j
 			}
 		}
-		if home := t.bufferHome(r.bufs[start]); home != nil && !t.engine.Direct {
+		if home := t.homeOf(r.bufs[start]); home != nil {
 			if h := int(home.Load()) - 1; h >= 0 && t.shards[h].loadKeys.Load() <= t.shards[best].loadKeys.Load()+m {
 				best = h
 			}
