@@ -200,11 +200,12 @@ func (p *syncPool) run(prog *blockstore.Program, o *op, hdr []byte, w *ringWrite
 	if poolRun != nil {
 		poolRun(o, p.notify != nil)
 	}
-	if err := prog.Start(&p.cfg, programOp[o.kind], o.keyBytes(), o.buf, hdr, p.t.engine.Direct && aligned(o.buf)); err != nil {
+	direct := p.t.engine.Direct && aligned(o.buf)
+	if err := prog.Start(&p.cfg, programOp[o.kind], o.keyBytes(), o.buf, hdr, direct); err != nil {
 		return StatusFailed, err
 	}
 	dir := p.ns.currentAt(o.started)
-	onRing := p.write != nil && o.kind == OpStore && p.t.engine.Direct && aligned(o.buf)
+	onRing := p.write != nil && o.kind == OpStore && direct
 	w.o, w.broken = o, nil
 	for {
 		if onRing {
