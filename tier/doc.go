@@ -25,8 +25,9 @@
 // Each shard has one owner goroutine that alone issues its IO: with the
 // io_uring engine on a local filesystem it is an ordinary goroutine; on
 // FUSE, NFS and unknown filesystems, and with STATX lookups, it is locked to
-// the OS thread that created its ring (IORING_SETUP_SINGLE_ISSUER and
-// DEFER_TASKRUN, EngineInfo.OwnThreads). It sleeps on a channel when the
+// the OS thread that created its ring (IORING_SETUP_SINGLE_ISSUER, and
+// DEFER_TASKRUN with STATX lookups on a local filesystem;
+// EngineInfo.OwnThreads). It sleeps on a channel when the
 // kernel holds none of its operations and otherwise on the ring's eventfd in
 // Go's netpoller, holding no P either way (with fewer rings than Ps, where a
 // caller finds a P anyway, a locked owner sleeps in io_uring_enter and no

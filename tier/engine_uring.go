@@ -34,8 +34,11 @@ import (
 // and unknown filesystems, where every open, read and write goes to a
 // kernel worker and one may hang, and with STATX lookups, which always go
 // to kernel workers, the owner is locked to its thread and the ring is
-// SINGLE_ISSUER and DEFER_TASKRUN (EngineInfo.OwnThreads): one set of
-// workers per ring, at most WorkersMax, whatever Go does with its threads.
+// SINGLE_ISSUER (EngineInfo.OwnThreads): one set of workers per ring, at
+// most WorkersMax, whatever Go does with its threads. With STATX lookups
+// it is DEFER_TASKRUN too; on FUSE, NFS and unknown filesystems it is not,
+// so that a worker that finishes a step of a chain runs the next one
+// itself instead of handing it back to the owner.
 // On a local filesystem stores are not the ring's: io_uring hands their
 // O_CREAT opens, renames and MKDIRs to kernel workers, each hand-off
 // costing more CPU than the call, and the workers, which Go's Ps do not
@@ -358,6 +361,21 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 		// that thread may be asleep and never enter the kernel).
 		ropts.Disable = uring.FlagSingleIssuer | uring.FlagDeferTaskrun | uring.FlagCoopTaskrun | uring.FlagTaskrunFlag
 	}
+	if !t.engine.Inline {
+		// Every step goes to a kernel worker (SQEAsync). With
+		// DEFER_TASKRUN a worker's completion is task work that only the
+		// owner runs, and the owner then hands the chain's next step to
+		// a worker again: a hand-off and a wake of the owner a step (a
+		// 64 KiB load on GlusterFS: 3.6 hand-offs, 5 io_uring_enter).
+		// Without it the worker posts the completion itself and runs the
+		// next step at once (1.9 and 2.5; linux_test
+		// TestChainsRunInOneWorker). GlusterFS, caching off and on, 2
+		// interleaved runs of tierbench --rounds 3 each: the CPU a key
+		// fell from 1.10-1.37x the sync engine's to 0.75-0.93x for
+		// lookups, 1.11-1.21x to 0.80-0.95x for loads, 1.03-1.56x to
+		// 0.75-0.98x for stores.
+		ropts.Disable |= uring.FlagDeferTaskrun
+	}
 	if b.ring, err = uring.New(entries, ropts); err != nil {
 		return nil, fmt.Errorf("tier: %w", err)
 	}
@@ -378,7 +396,7 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 		}
 		return nil, fmt.Errorf("tier: %w", err)
 	}
-	if f := b.ring.Flags(); !t.engine.OwnThreads || !spareP && f&uring.FlagDeferTaskrun != 0 && f&uring.FlagTaskrunFlag != 0 {
+	if f := b.ring.Flags(); !t.engine.OwnThreads || !spareP && (f&uring.FlagDeferTaskrun == 0 || f&uring.FlagTaskrunFlag != 0) {
 		fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 		if err != nil {
 			return nil, fmt.Errorf("tier: eventfd: %w", err)

@@ -87,11 +87,11 @@ type EngineInfo struct {
 	// unknown), where they all go to kernel workers.
 	Inline bool
 	// OwnThreads says whether each io_uring owner keeps an OS thread of
-	// its own (SINGLE_ISSUER, DEFER_TASKRUN), so that its ring has one set
-	// of kernel workers, bounded by WorkersMax: where everything may go to
-	// workers (Inline false) or every lookup does (LookupStatx,
-	// LookupMixed). Otherwise owners are ordinary goroutines, cheaper to
-	// wake.
+	// its own (SINGLE_ISSUER; DEFER_TASKRUN too where Inline), so that its
+	// ring has one set of kernel workers, bounded by WorkersMax: where
+	// everything may go to workers (Inline false) or every lookup does
+	// (LookupStatx, LookupMixed). Otherwise owners are ordinary
+	// goroutines, cheaper to wake.
 	OwnThreads bool
 	// StoresSync says whether the io_uring engine runs stores, O_DIRECT
 	// ones too, as plain system calls on a pool of goroutines (SyncWorkers

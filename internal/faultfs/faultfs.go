@@ -242,6 +242,9 @@ func (f *FS) inject(ctx context.Context, op Op) syscall.Errno {
 		return 0
 	default:
 	}
+	if c, ok := fuse.FromContext(ctx); ok {
+		op.Tid = c.Pid
+	}
 	for _, r := range *f.rules.Load() {
 		if !r.fault.matches(op) {
 			continue

@@ -467,12 +467,15 @@ func TestRuleLifecycle(t *testing.T) {
 	rule, err := fsys.Inject(Fault{Ops: OpRename, Path: "d/final", Errno: syscall.EIO,
 		Filter: func(op Op) bool { mu.Lock(); defer mu.Unlock(); seen = append(seen, op); return true }})
 	require.NoError(t, err)
+	runtime.LockOSThread()
 	err = os.Rename(filepath.Join(mnt, "d", "a.tmp"), filepath.Join(mnt, "d", "final"))
+	tid := uint32(unix.Gettid())
+	runtime.UnlockOSThread()
 	require.ErrorIs(t, err, syscall.EIO)
 	mu.Lock()
 	defer mu.Unlock()
 	require.Len(t, seen, 1)
-	assert.Equal(t, Op{Kind: OpRename, Path: "d/a.tmp", NewPath: "d/final"}, seen[0])
+	assert.Equal(t, Op{Kind: OpRename, Path: "d/a.tmp", NewPath: "d/final", Tid: tid}, seen[0], "Tid: the thread that renamed")
 	assert.Equal(t, []*Rule{rule}, fsys.Rules())
 
 	skip, err := fsys.Inject(Fault{Ops: OpRename, Errno: syscall.ENOSPC, Filter: func(Op) bool { return false }})

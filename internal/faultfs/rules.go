@@ -97,6 +97,9 @@ type Op struct {
 	Offset int64
 	// Size is the byte count of an OpRead or OpWrite, 0 otherwise.
 	Size int
+	// Tid is the thread whose system call sent the request (the FUSE request header's pid), 0 where the
+	// kernel sends it on no thread's behalf (a RELEASE after the last close).
+	Tid uint32
 }
 
 // Fault describes what to do to the operations it matches: first sleep Latency, then, if Hang, wait until
