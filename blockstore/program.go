@@ -32,7 +32,8 @@ import (
 //	        O_DIRECTORY (ENOTDIR: found), and STATX if the dentry cache cannot answer
 //	load:   OPEN ─ READV [header,] payload, past the block's end ═ CLOSE
 //	        or, for a block bigger than one read, or after a READV that ended before the
-//	        payload did: OPEN ─ READ past the block's end ═ [READ header ─] READ payload ─ … ─ CLOSE
+//	        payload did, or with Config.AsyncDirectReads: OPEN ─ READ past the block's end ═
+//	        [READ the block's last page, for its count ═] [READ header ─] READ payload ─ … ─ CLOSE
 //	        then for a short read: READ the rest ─ … ─ CLOSE; for an open or read that fails
 //	        oddly or a file shorter than the format's least (a header; a raw block): STATX
 //	        (what is there?); for a corrupt block, as Config.Corrupt says: OPEN its directory,
@@ -117,6 +118,7 @@ const (
 	roleLookup role = iota
 	roleOpen
 	roleTail  // a read past the end of a block of the expected size
+	roleLast  // a read of the last page of a block of the expected size, for its count alone (Config.AsyncDirectReads)
 	roleWhole // a read of header, payload and past the end (vectored, or in the frame), or a vectored write of header and payload
 	roleHeader
 	rolePayload
@@ -366,6 +368,7 @@ type progress struct {
 	dispErr  error         // and this is why it could not
 	tail     int32         // bytes a load found past the end of a block of the expected size
 	tailFull bool          // the read past the end filled its buffer: the file may be longer still
+	short    bool          // the read of the block's last page found nothing: the file ends before it (Config.AsyncDirectReads)
 	hdrDone  int64
 	payDone  int64
 	cause    error
@@ -397,6 +400,18 @@ type Config struct {
 	// For local filesystems only: on FUSE and NFS a STATX can cost a
 	// GETATTR round trip that the open does not.
 	LookupCachedFirst bool
+	// AsyncDirectReads says that an O_DIRECT read of a FUSE file may
+	// complete asynchronously (io_uring's kernel workers issue it so), and
+	// then the kernel, which shortens a read past the end of the file to
+	// whole pages before sending it, reports one that it shortened and the
+	// server answered in full as having read all it asked (Linux 6.18: a
+	// raw block cut by a page loaded as whole; linux_test
+	// TestLoadsThroughFUSE). A read that ends within the page the file ends
+	// in, or starts past the end, is counted right, so an O_DIRECT load
+	// then reads the block's last page apart first: if that finds nothing,
+	// the file is shorter than a block whatever the other reads say, and
+	// a STATX sizes it. One read more a load, of a page.
+	AsyncDirectReads bool
 }
 
 // Walking reports whether a lookup by RESOLVE_CACHED open found its path
@@ -585,7 +600,8 @@ func (p *Program) lay() {
 		s := p.add(StepOpen, roleOpen, LinkOnSuccess)
 		s.Path, s.How = &p.path[0], &p.How
 		off := p.cfg.Format.PayloadOffset()
-		if !p.byStep && p.past != nil && off+int64(len(p.buf))+HeaderSize <= int64(RWMax) {
+		unsure := p.direct && p.cfg.AsyncDirectReads
+		if !p.byStep && !unsure && p.past != nil && off+int64(len(p.buf))+HeaderSize <= int64(RWMax) {
 			// One read for header, payload and past the end: a device
 			// round trip (and a completion) instead of three. It closes
 			// whatever it read; a read that ends before the payload does
@@ -613,6 +629,10 @@ func (p *Program) lay() {
 		// header: the buffer is the read's alone.)
 		s = p.add(StepRead, roleTail, LinkAlways)
 		s.Buf, s.Off = p.hdr, off+int64(len(p.buf))
+		if unsure {
+			s = p.add(StepRead, roleLast, LinkAlways)
+			s.Buf, s.Off = p.hdr, off+int64(len(p.buf))-HeaderSize
+		}
 		if off > 0 {
 			// A short header read stops the chain, leaving the file open for
 			// the next phase to read on (or, at its end, to judge).

@@ -37,8 +37,16 @@ func (p *Program) judgeLoad() bool {
 		}
 		return p.decide(p.Status, p.Err) // set before the disposal, whatever it did
 	case phaseType:
-		if p.Steps[0].Res >= 0 && p.Stx.Mode&unix.S_IFMT != unix.S_IFREG {
+		switch {
+		case p.Steps[0].Res < 0:
+		case p.Stx.Mode&unix.S_IFMT != unix.S_IFREG:
 			p.Status, p.Err, p.moveAway = StatusCorrupt, CheckRegular(uint32(p.Stx.Mode)), true
+		case p.short:
+			// Judged by the size STATX found, at most what the read of
+			// the last page found (the file may have grown since).
+			off := p.cfg.Format.PayloadOffset()
+			size := min(int64(p.Stx.Size), off+int64(len(p.buf))-HeaderSize)
+			p.Status, p.moveAway, p.Err = judgeFile(p.cfg.Format, p.KeyBytes(), p.hdr[:min(p.hdrDone, size)], p.buf[:max(0, min(p.payDone, size-off))], size, false, len(p.buf))
 		}
 		return p.settleLoad()
 	}
@@ -74,6 +82,8 @@ func (p *Program) judgeLoad() bool {
 			return p.decide(StatusFailed, p.pathError(StepRead, p.path[:], syscall.Errno(-r)))
 		case s.role == roleTail:
 			p.tail, p.tailFull = r, int(r) == len(s.Buf)
+		case s.role == roleLast:
+			p.short = r == 0
 		case s.role == roleWhole:
 			want := off + int64(len(p.buf))
 			if short = int64(r) < want; !short {
@@ -92,6 +102,12 @@ func (p *Program) judgeLoad() bool {
 	}
 	if short {
 		return p.readByStep()
+	}
+	if p.short {
+		// The file ends before the block's last page: the reads of what
+		// lies past its end may have counted bytes it does not have.
+		end := off + int64(len(p.buf)) - HeaderSize
+		return p.checkType(StatusCorrupt, fmt.Errorf("%w: file is at most %d bytes, a block's is %d", ErrCorrupt, end, end+HeaderSize), false)
 	}
 	if !p.eof && (p.hdrDone < off || p.payDone < int64(len(p.buf))) {
 		if !moved || p.Canceled {
@@ -144,7 +160,7 @@ func (p *Program) stale() bool {
 		return p.decide(StatusMissing, nil)
 	}
 	p.retried = true
-	p.hdrDone, p.payDone, p.eof, p.tail, p.tailFull = 0, 0, false, 0, false
+	p.hdrDone, p.payDone, p.eof, p.tail, p.tailFull, p.short = 0, 0, false, 0, false, false
 	return p.again()
 }
 

@@ -44,6 +44,11 @@ type fakeFS struct {
 	// a link stands in place of a directory (MKDIR finds it, an open that
 	// follows no link fails with ELOOP); dirFile: a file does (ENOTDIR).
 	noDirs, dirLink, dirFile bool
+	// asyncDIO: a read that starts before the end of the file and ends
+	// past the page the file ends in reads what is there and reports all
+	// it asked, as Linux 6.18 does for an asynchronous O_DIRECT read of a
+	// FUSE file (Config.AsyncDirectReads).
+	asyncDIO bool
 }
 
 func (f *fakeFS) call(p *Program, s *Step) int32 {
@@ -104,7 +109,11 @@ func (f *fakeFS) call(p *Program, s *Step) int32 {
 		if s.Off >= int64(len(f.file)) {
 			return 0
 		}
-		return int32(copy(s.Buf, f.file[s.Off:]))
+		n := int32(copy(s.Buf, f.file[s.Off:]))
+		if f.asyncDIO && s.Off+int64(len(s.Buf)) > (int64(len(f.file))+HeaderSize-1)/HeaderSize*HeaderSize {
+			return int32(len(s.Buf))
+		}
+		return n
 	case StepReadv:
 		return int32(readVec(f.file, s))
 	case StepWrite, StepWritev:
@@ -1157,4 +1166,54 @@ func TestProgramSums(t *testing.T) {
 	}
 	require.False(t, p.Judge())
 	assert.Zero(t, p.Sums(), "after the verdict")
+}
+
+// TestProgramLoadAsyncDirectReads: where an O_DIRECT read past the end of a
+// file may report more than the file has (Config.AsyncDirectReads, the
+// fakeFS's asyncDIO), a load reads the block's last page apart, and a file
+// that ends before that page is judged by the size STATX finds: every file
+// shorter than a block is corrupt, with its size said right. Without it,
+// the same misreport loads a raw block cut by a page as whole.
+func TestProgramLoadAsyncDirectReads(t *testing.T) {
+	key := testKey(7, 32)
+	payload := testPayload(key, 4*HeaderSize)
+	load := func(t *testing.T, f *fakeFS, format Format, async bool) (*Program, [][]StepOp) {
+		p := new(Program)
+		cfg := testConfig(DurabilityNone)
+		cfg.Format, cfg.AsyncDirectReads = format, async
+		require.NoError(t, p.Start(cfg, OpLoad, key, make([]byte, len(payload)), make([]byte, HeaderSize), true))
+		return p, f.run(t, p)
+	}
+	for _, format := range []Format{FormatFramed, FormatRaw} {
+		good := payload
+		reads := []StepOp{StepOpen, StepRead, StepRead, StepRead, StepClose}
+		if format == FormatFramed {
+			good = blockFile(key, payload)
+			reads = []StepOp{StepOpen, StepRead, StepRead, StepRead, StepRead, StepClose}
+		}
+		t.Run(format.String()+"/whole", func(t *testing.T) {
+			p, phases := load(t, &fakeFS{file: good, asyncDIO: true}, format, true)
+			require.Equal(t, StatusLoaded, p.Status, "%v", p.Err)
+			assert.Equal(t, payload, p.buf)
+			assert.Equal(t, [][]StepOp{reads}, phases, "one read more than without: the last page's")
+			assert.Equal(t, int64(len(good)-HeaderSize), p.Steps[2].Off)
+		})
+		for _, size := range []int{0, HeaderSize, len(good) - 2*HeaderSize, len(good) - HeaderSize - 100, len(good) - HeaderSize, len(good) - 100} {
+			t.Run(fmt.Sprintf("%v/size=%d", format, size), func(t *testing.T) {
+				p, _ := load(t, &fakeFS{file: good[:size], asyncDIO: true}, format, true)
+				require.Equal(t, StatusCorrupt, p.Status)
+				assert.Contains(t, p.Err.Error(), fmt.Sprintf("file is %d bytes", size))
+			})
+		}
+		t.Run(format.String()+"/statx-fails", func(t *testing.T) {
+			p, phases := load(t, &fakeFS{file: good[:len(good)-2*HeaderSize], asyncDIO: true, fail: map[int]int32{len(reads): -int32(unix.ENOENT)}}, format, true)
+			require.Equal(t, [][]StepOp{reads, {StepStatx}}, phases)
+			require.Equal(t, StatusCorrupt, p.Status)
+			assert.Contains(t, p.Err.Error(), fmt.Sprintf("file is at most %d bytes, a block's is %d", len(good)-HeaderSize, len(good)))
+		})
+	}
+	t.Run("misreport-without", func(t *testing.T) {
+		p, _ := load(t, &fakeFS{file: payload[:2*HeaderSize], asyncDIO: true}, FormatRaw, false)
+		assert.Equal(t, StatusLoaded, p.Status, "the fake's misreport loads a cut raw block when nothing guards against it")
+	})
 }

@@ -206,6 +206,40 @@ func TestLoadsThroughFUSE(t *testing.T) {
 	})
 }
 
+// TestShortBlocksThroughFUSE cuts block files of four pages short by part of a page and by whole
+// pages, and loads them with O_DIRECT into the tier's buffers: every one is corrupt, its size said
+// right, on both engines. The kernel (6.18) reports an asynchronous O_DIRECT read of a FUSE file that
+// it shortened to the file's last page, and that the server then answered in full, as having read
+// all it asked: before the io_uring engine read the block's last page apart
+// (blockstore.Config.AsyncDirectReads), a raw block cut by a page loaded as whole, the missing page
+// whatever the buffer held.
+func TestShortBlocksThroughFUSE(t *testing.T) {
+	needRoot(t, "FUSE")
+	const size = 4 * blockSize
+	engines(t, func(t *testing.T, kind tier.EngineKind) {
+		for _, f := range []blockstore.Format{blockstore.FormatFramed, blockstore.FormatRaw} {
+			fsys := mountFaultFS(t)
+			tr := openTier(t, kind, fsys.Mountpoint(), func(o *tier.Options) { o.Format, o.Buffers, o.BlockSize = f, 1, size })
+			require.True(t, tr.Engine().Direct, "O_DIRECT through FUSE")
+			for i, cut := range []int64{100, blockSize, blockSize + 100, 2 * blockSize} {
+				t.Run(fmt.Sprintf("%v/cut=%d", f, cut), func(t *testing.T) {
+					require.NoError(t, tr.BlockStore().Put(tr.Namespace(), key(i), payload(i, size)))
+					p := filepath.Join(fsys.Mountpoint(), blockRel(tr, i))
+					st, err := os.Stat(p)
+					require.NoError(t, err)
+					require.NoError(t, os.Truncate(p, st.Size()-cut))
+					buf := tr.Buffers()[0]
+					copy(buf, payload(i, size)) // what a misread would leave in place
+					require.NoError(t, tr.Load(uint64(i+1), keys(i), [][]byte{buf}))
+					r := await(t, tr, uint64(i+1))[uint64(i+1)]
+					require.Equal(t, tier.StatusCorrupt, r.Keys[0].Status, "%v", r.Keys[0].Err)
+					require.Contains(t, r.Keys[0].Err.Error(), fmt.Sprintf("file is %d bytes", st.Size()-cut))
+				})
+			}
+		}
+	})
+}
+
 // TestMkdirAllRacingClient makes a MKDIR fail with EEXIST while nothing is
 // at its path, as on GlusterFS when another client has just made the
 // directory and this one cannot see it yet: os.MkdirAll then fails with
