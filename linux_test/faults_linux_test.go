@@ -212,7 +212,7 @@ func TestLoadsThroughFUSE(t *testing.T) {
 // it shortened to the file's last page, and that the server then answered in full, as having read
 // all it asked: before the io_uring engine read the block's last page apart
 // (blockstore.Config.AsyncDirectReads), a raw block cut by a page loaded as whole, the missing page
-// whatever the buffer held.
+// whatever the buffer held. A probe at Open finds the miscount (tier.EngineInfo.LastPageApart).
 func TestShortBlocksThroughFUSE(t *testing.T) {
 	needRoot(t, "FUSE")
 	const size = 4 * blockSize
@@ -221,6 +221,7 @@ func TestShortBlocksThroughFUSE(t *testing.T) {
 			fsys := mountFaultFS(t)
 			tr := openTier(t, kind, fsys.Mountpoint(), func(o *tier.Options) { o.Format, o.Buffers, o.BlockSize = f, 1, size })
 			require.True(t, tr.Engine().Direct, "O_DIRECT through FUSE")
+			require.Equal(t, kind == tier.EngineURing, tr.Engine().LastPageApart, "the probe at Open finds the miscount (go-fuse asks for asynchronous direct IO)")
 			for i, cut := range []int64{100, blockSize, blockSize + 100, 2 * blockSize} {
 				t.Run(fmt.Sprintf("%v/cut=%d", f, cut), func(t *testing.T) {
 					require.NoError(t, tr.BlockStore().Put(tr.Namespace(), key(i), payload(i, size)))

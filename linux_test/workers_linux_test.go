@@ -46,7 +46,7 @@ func (l *opLog) take(temporary bool) map[string][]faultfs.Op {
 // worker that ran the step before (no DEFER_TASKRUN, whose completions go back to the owner as task
 // work, which then hands the next step to a worker again: a hand-off and a wake of the owner a step).
 // The FUSE server sees the thread that sent each request: every load's OPEN and READs, and every
-// store's CREATE, WRITEs and FLUSH (its CLOSE), come from one thread. A millisecond on each keeps
+// store's CREATE, WRITEs and RENAME, come from one thread. A millisecond on each keeps
 // many workers busy at once, so a step handed off anew would land on another worker.
 func TestChainsRunInOneWorker(t *testing.T) {
 	needRoot(t, "FUSE")

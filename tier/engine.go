@@ -51,6 +51,47 @@ func probeDirect(dir string, opts Options) (bool, string) {
 	return true, ""
 }
 
+// directReadsMiscounted says whether an asynchronous O_DIRECT read in dir
+// that ends past the end of a file may report more than the file has
+// (blockstore.Config.AsyncDirectReads): it reads two pages of a file of
+// one, in a kernel worker (IOSQE_ASYNC) as the io_uring engine reads on
+// FUSE and NFS. Linux 6.18 counts such a read in full on a FUSE server that
+// asked for asynchronous direct IO (go-fuse's and libfuse's default; not
+// GlusterFS's client). If the probe cannot tell, it says yes.
+func directReadsMiscounted(dir string) bool {
+	path := filepath.Join(dir, fmt.Sprintf(".direct-probe_%d.tmp", blockstore.NewTempToken()&(1<<63-1)))
+	fd, err := unix.Open(path, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_DIRECT|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return true
+	}
+	defer unix.Unlink(path)
+	defer unix.Close(fd)
+	buf, err := uring.AllocBuffer(2 * blockstore.HeaderSize)
+	if err != nil {
+		return true
+	}
+	if n, err := unix.Pwrite(fd, buf[:blockstore.HeaderSize], 0); err != nil || n != blockstore.HeaderSize {
+		uring.FreeBuffer(buf)
+		return true
+	}
+	r, err := uring.New(2, uring.Options{Disable: uring.FlagSingleIssuer | uring.FlagDeferTaskrun})
+	if err != nil {
+		uring.FreeBuffer(buf)
+		return true
+	}
+	defer r.Close()
+	s := r.GetSQE()
+	s.PrepareRead(fd, buf, 0)
+	s.Flags |= uring.SQEAsync
+	var cqe [1]uring.CQE
+	// As long as the probe's pread did: a hung server hangs Open either way.
+	if _, err := r.SubmitAndWait(1, -1); err != nil || r.Reap(cqe[:]) != 1 {
+		return true // the read may still be in flight: its buffer is not freed
+	}
+	uring.FreeBuffer(buf)
+	return cqe[0].Res != blockstore.HeaderSize
+}
+
 // inlineSafe reports whether reads and writes in dir may be issued inline
 // by a ring owner, and names the filesystem. io_uring first tries a read or
 // write without blocking (IOCB_NOWAIT), in the owner's thread; local

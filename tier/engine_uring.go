@@ -326,7 +326,7 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 		b.hdrLen = blockstore.HeaderSize
 	}
 	b.cfg = t.programConfig(dirSet{})
-	b.cfg.AsyncDirectReads = !t.engine.Inline // kernel workers read FUSE files asynchronously
+	b.cfg.AsyncDirectReads = t.engine.LastPageApart
 	b.cfgOpen = b.cfg
 	b.cfgOpen.LookupByOpen = true
 	b.cfgOpen.LookupCachedFirst = t.engine.Inline

@@ -105,6 +105,13 @@ type EngineInfo struct {
 	// too: on tmpfs, whose files do not take IOCB_NOWAIT, so that every
 	// read the ring made would go to a kernel worker.
 	LoadsSync bool
+	// LastPageApart says whether the io_uring engine's O_DIRECT loads read
+	// each block's last page apart first (blockstore.Config.AsyncDirectReads):
+	// on a filesystem where Inline is false and a probe at Open found an
+	// asynchronous O_DIRECT read that ends past the end of a file counted
+	// in full (FUSE servers that ask for asynchronous direct IO). A read
+	// of a page more a load.
+	LastPageApart bool
 }
 
 // testLoadsSync, when set (by tests), makes every io_uring tier run its
@@ -370,6 +377,7 @@ func chooseEngine(dir string, opts Options) (EngineInfo, bool, error) {
 		e.OwnThreads = !e.Inline || opts.Lookup != LookupOpenPath
 		e.StoresSync = e.Inline && !opts.StoresOnRing
 		e.LoadsSync = e.FS == "tmpfs" || testLoadsSync
+		e.LastPageApart = !e.Inline && e.Direct && directReadsMiscounted(dir)
 	}
 	return e, local, nil
 }

@@ -463,4 +463,6 @@ func TestEngineLine(t *testing.T) {
 		assert.Contains(t, line, c.want, "stores_sync %v, loads_sync %v, direct %v", c.stores, c.loads, c.direct)
 		assert.Equal(t, c.stores || c.loads, strings.Contains(line, "pool of goroutines"), "%s", line)
 	}
+	e = tier.EngineInfo{Kind: tier.EngineURing, Rings: 2, Direct: true, LastPageApart: true}
+	assert.Contains(t, engineLine(e), "loads and stores with O_DIRECT, a load's last page read apart")
 }

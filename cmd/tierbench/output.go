@@ -259,6 +259,9 @@ func engineLine(e tier.EngineInfo) string {
 	}
 	if e.Direct {
 		b.WriteString("loads and stores with O_DIRECT")
+		if e.LastPageApart {
+			b.WriteString(", a load's last page read apart (the filesystem miscounts asynchronous O_DIRECT reads at a file's end)")
+		}
 	} else {
 		fmt.Fprintf(&b, "loads and stores through the page cache (%s)", e.NoDirect)
 	}
