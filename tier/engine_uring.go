@@ -366,15 +366,14 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 		// Every step goes to a kernel worker (SQEAsync). With
 		// DEFER_TASKRUN a worker's completion is task work that only the
 		// owner runs, and the owner then hands the chain's next step to
-		// a worker again: a hand-off and a wake of the owner a step (a
-		// 64 KiB load on GlusterFS: 3.6 hand-offs, 5 io_uring_enter).
+		// a worker again: a hand-off and a wake of the owner a step.
 		// Without it the worker posts the completion itself and runs the
-		// next step at once (1.9 and 2.5; linux_test
-		// TestChainsRunInOneWorker). GlusterFS, caching off and on, 2
-		// interleaved runs of tierbench --rounds 3 each: the CPU a key
-		// fell from 1.10-1.37x the sync engine's to 0.75-0.93x for
-		// lookups, 1.11-1.21x to 0.80-0.95x for loads, 1.03-1.56x to
-		// 0.75-0.98x for stores.
+		// next step at once (linux_test TestChainsRunInOneWorker). On
+		// GlusterFS, with caching off: 1.9 hand-offs a 64 KiB load
+		// against 3.7, 1.0 a store against 3.0 (perf stat); 2 interleaved
+		// runs of tierbench --rounds 3 on each volume, CPU a key ÷ the
+		// sync engine's: loads 0.84-1.19 against 1.12-1.28, stores
+		// 0.82-0.99 against 1.10-1.44; lookups, one step, unchanged.
 		ropts.Disable |= uring.FlagDeferTaskrun
 	}
 	if b.ring, err = uring.New(entries, ropts); err != nil {
