@@ -169,7 +169,7 @@ type uringBackend struct {
 	t         *Tier
 	s         *shard
 	ring      *uring.Ring
-	waker     *uring.Waker // a locked owner with a spare P or without DEFER_TASKRUN: an armed READ that ends a wait in io_uring_enter
+	waker     *uring.Waker // a locked owner with a spare P, or with DEFER_TASKRUN but no TASKRUN_FLAG: an armed READ that ends a wait in io_uring_enter
 	evfd      *os.File     // otherwise: the ring's registered eventfd, which the owner sleeps on in Go's netpoller
 	evfdN     int          // evfd's descriptor, for wake (File.Fd would make it blocking)
 	evraw     syscall.RawConn
