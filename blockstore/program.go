@@ -31,9 +31,12 @@ import (
 //	        else at the path may be a block, for a load to judge); RESOLVE_CACHED first, with
 //	        O_DIRECTORY (ENOTDIR: found), and STATX if the dentry cache cannot answer
 //	load:   OPEN ─ READV [header,] payload, past the block's end ═ CLOSE
+//	        or, without memory to read past the end with them, or with Config.AsyncDirectReads:
+//	        OPEN ─ READ past the block's end ═ [READ the block's last page, for its count ═]
+//	        READV header, payload ═ CLOSE (a raw block: as below)
 //	        or, for a block bigger than one read, or after a READV that ended before the
-//	        payload did, or with Config.AsyncDirectReads: OPEN ─ READ past the block's end ═
-//	        [READ the block's last page, for its count ═] [READ header ─] READ payload ─ … ─ CLOSE
+//	        payload did: OPEN ─ READ past the block's end ═ [READ the block's last page ═]
+//	        [READ header ─] READ payload ─ … ─ CLOSE
 //	        then for a short read: READ the rest ─ … ─ CLOSE; for an open or read that fails
 //	        oddly or a file shorter than the format's least (a header; a raw block): STATX
 //	        (what is there?); for a corrupt block, as Config.Corrupt says: OPEN its directory,
@@ -119,6 +122,7 @@ const (
 	roleOpen
 	roleTail  // a read past the end of a block of the expected size
 	roleLast  // a read of the last page of a block of the expected size, for its count alone (Config.AsyncDirectReads)
+	roleBody  // a vectored read of header and payload, the read past the end apart
 	roleWhole // a read of header, payload and past the end (vectored, or in the frame), or a vectored write of header and payload
 	roleHeader
 	rolePayload
@@ -632,6 +636,18 @@ func (p *Program) lay() {
 		if unsure {
 			s = p.add(StepRead, roleLast, LinkAlways)
 			s.Buf, s.Off = p.hdr, off+int64(len(p.buf))-HeaderSize
+		}
+		if off > 0 && !p.byStep && off+int64(len(p.buf)) <= int64(RWMax) {
+			// Header and payload with one read, as above but for the part
+			// past the end, which has no memory here or cannot be read so
+			// (Config.AsyncDirectReads): one read less, and through FUSE
+			// one request and one asynchronous completion less.
+			p.iov[0] = unix.Iovec{Base: &p.hdr[0], Len: uint64(off)}
+			p.iov[1] = unix.Iovec{Base: &p.buf[0], Len: uint64(len(p.buf))}
+			s = p.add(StepReadv, roleBody, LinkAlways)
+			s.Vec = p.iov[:2]
+			p.add(StepClose, roleClose, LinkNone)
+			break
 		}
 		if off > 0 {
 			// A short header read stops the chain, leaving the file open for

@@ -90,6 +90,10 @@ func (p *Program) judgeLoad() bool {
 				p.hdrDone, p.payDone, p.tail, p.eof = off, int64(len(p.buf)), int32(int64(r)-want), true
 				p.tailFull = int(p.tail) == len(p.past)
 			}
+		case s.role == roleBody:
+			if short = int64(r) < off+int64(len(p.buf)); !short {
+				p.hdrDone, p.payDone = off, int64(len(p.buf))
+			}
 		default:
 			moved = moved || r > 0
 			if s.role == roleHeader {

@@ -115,7 +115,11 @@ func (f *fakeFS) call(p *Program, s *Step) int32 {
 		}
 		return n
 	case StepReadv:
-		return int32(readVec(f.file, s))
+		n := int32(readVec(f.file, s))
+		if want := len(vecBytes(s)); f.asyncDIO && s.Off < int64(len(f.file)) && s.Off+int64(want) > (int64(len(f.file))+HeaderSize-1)/HeaderSize*HeaderSize {
+			return int32(want)
+		}
+		return n
 	case StepWrite, StepWritev:
 		b := s.Buf
 		if s.Op == StepWritev {
@@ -455,9 +459,9 @@ func TestProgramLoad(t *testing.T) {
 		p, phases := load(t, &fakeFS{file: good})
 		require.Equal(t, StatusLoaded, p.Status, "%v", p.Err)
 		assert.Equal(t, payload, p.buf)
-		assert.Equal(t, [][]StepOp{{StepOpen, StepRead, StepRead, StepRead, StepClose}}, phases)
-		assert.Equal(t, []Link{LinkOnSuccess, LinkAlways, LinkOnSuccess, LinkOnSuccess, LinkNone},
-			[]Link{p.Steps[0].Link, p.Steps[1].Link, p.Steps[2].Link, p.Steps[3].Link, p.Steps[4].Link})
+		assert.Equal(t, [][]StepOp{{StepOpen, StepRead, StepReadv, StepClose}}, phases, "past the end, then header and payload")
+		assert.Equal(t, []Link{LinkOnSuccess, LinkAlways, LinkAlways, LinkNone},
+			[]Link{p.Steps[0].Link, p.Steps[1].Link, p.Steps[2].Link, p.Steps[3].Link})
 	})
 	t.Run("missing", func(t *testing.T) {
 		p, phases := load(t, &fakeFS{})
@@ -471,13 +475,23 @@ func TestProgramLoad(t *testing.T) {
 		p, phases := load(t, &fakeFS{file: good, fail: map[int]int32{0: -int32(unix.ESTALE)}})
 		require.Equal(t, StatusLoaded, p.Status, "%v", p.Err)
 		assert.Equal(t, payload, p.buf)
-		assert.Equal(t, [][]StepOp{{StepOpen, StepRead, StepRead, StepRead, StepClose}, {StepOpen, StepRead, StepRead, StepRead, StepClose}}, phases)
+		assert.Equal(t, [][]StepOp{{StepOpen, StepRead, StepReadv, StepClose}, {StepOpen, StepRead, StepReadv, StepClose}}, phases)
 	})
 	t.Run("stale-read-reopened", func(t *testing.T) {
+		// The READV came up short (5 bytes), so the load reads step by
+		// step; there the header read meets ESTALE, and with the file
+		// left open the load closes it before it walks the path again.
+		p, phases := load(t, &fakeFS{file: good, fail: map[int]int32{2: 5, 6: -int32(unix.ESTALE)}})
+		require.Equal(t, StatusLoaded, p.Status, "%v", p.Err)
+		assert.Equal(t, payload, p.buf)
+		assert.Equal(t, [][]StepOp{{StepOpen, StepRead, StepReadv, StepClose}, {StepOpen, StepRead, StepRead, StepRead, StepClose}, {StepClose}, {StepOpen, StepRead, StepRead, StepRead, StepClose}}, phases)
+		assert.False(t, p.fileOpen)
+	})
+	t.Run("stale-readv-reopened", func(t *testing.T) {
 		p, phases := load(t, &fakeFS{file: good, fail: map[int]int32{2: -int32(unix.ESTALE)}})
 		require.Equal(t, StatusLoaded, p.Status, "%v", p.Err)
 		assert.Equal(t, payload, p.buf)
-		assert.Equal(t, [][]StepOp{{StepOpen, StepRead, StepRead, StepRead, StepClose}, {StepClose}, {StepOpen, StepRead, StepRead, StepRead, StepClose}}, phases)
+		assert.Equal(t, [][]StepOp{{StepOpen, StepRead, StepReadv, StepClose}, {StepOpen, StepRead, StepReadv, StepClose}}, phases, "the READV's close ran")
 		assert.False(t, p.fileOpen)
 	})
 	t.Run("removed-by-another-client", func(t *testing.T) {
@@ -488,7 +502,7 @@ func TestProgramLoad(t *testing.T) {
 		p, phases := load(t, f)
 		require.Equal(t, StatusMissing, p.Status, "%v", p.Err)
 		assert.NoError(t, p.Err)
-		assert.Equal(t, [][]StepOp{{StepOpen, StepRead, StepRead, StepRead, StepClose}, {StepClose}, {StepOpen, StepRead, StepRead, StepRead, StepClose}}, phases)
+		assert.Equal(t, [][]StepOp{{StepOpen, StepRead, StepReadv, StepClose}, {StepOpen, StepRead, StepReadv, StepClose}}, phases)
 	})
 	t.Run("stale-twice-missing", func(t *testing.T) {
 		p, phases := load(t, &fakeFS{file: good, fail: map[int]int32{0: -int32(unix.ESTALE), 1: -int32(unix.ESTALE)}})
@@ -497,12 +511,13 @@ func TestProgramLoad(t *testing.T) {
 		assert.Len(t, phases, 2)
 	})
 	t.Run("short-reads-continue", func(t *testing.T) {
-		// The payload read returns 5 bytes: the close is canceled, and the
+		// The READV returns 5 bytes: the load reads step by step, where
+		// the payload read returns 5 bytes: the close is canceled, and the
 		// next phase reads the rest.
-		p, phases := load(t, &fakeFS{file: good, fail: map[int]int32{3: 5}})
+		p, phases := load(t, &fakeFS{file: good, fail: map[int]int32{2: 5, 7: 5}})
 		require.Equal(t, StatusLoaded, p.Status, "%v", p.Err)
 		assert.Equal(t, payload, p.buf)
-		assert.Equal(t, [][]StepOp{{StepOpen, StepRead, StepRead, StepRead, StepClose}, {StepRead, StepClose}}, phases)
+		assert.Equal(t, [][]StepOp{{StepOpen, StepRead, StepReadv, StepClose}, {StepOpen, StepRead, StepRead, StepRead, StepClose}, {StepRead, StepClose}}, phases)
 	})
 	t.Run("chunks", func(t *testing.T) {
 		old := RWMax
@@ -572,7 +587,7 @@ func TestProgramLoad(t *testing.T) {
 		assert.ErrorIs(t, p.Err, syscall.EINVAL)
 	})
 	t.Run("read-error", func(t *testing.T) {
-		p, _ := load(t, &fakeFS{file: good, fail: map[int]int32{3: -int32(unix.EIO)}})
+		p, _ := load(t, &fakeFS{file: good, fail: map[int]int32{2: -int32(unix.EIO)}})
 		require.Equal(t, StatusFailed, p.Status)
 		var pe *fs.PathError
 		require.True(t, errors.As(p.Err, &pe))
@@ -702,9 +717,13 @@ func testProgramLoadOneRead(t *testing.T, framed bool) {
 	})
 	t.Run("bigger-than-one-read", func(t *testing.T) {
 		old := RWMax
-		RWMax = len(good) // header, payload and past the end do not fit
+		RWMax = len(good) // header, payload and past the end do not fit; header and payload do
 		t.Cleanup(func() { RWMax = old })
 		p, phases := load(t, &fakeFS{file: good}, FormatFramed)
+		require.Equal(t, StatusLoaded, p.Status, "%v", p.Err)
+		assert.Equal(t, [][]StepOp{{StepOpen, StepRead, StepReadv, StepClose}}, phases)
+		RWMax = len(good) - 1
+		p, phases = load(t, &fakeFS{file: good}, FormatFramed)
 		require.Equal(t, StatusLoaded, p.Status, "%v", p.Err)
 		assert.Equal(t, [][]StepOp{byStep}, phases)
 	})
@@ -1189,7 +1208,7 @@ func TestProgramLoadAsyncDirectReads(t *testing.T) {
 		reads := []StepOp{StepOpen, StepRead, StepRead, StepRead, StepClose}
 		if format == FormatFramed {
 			good = blockFile(key, payload)
-			reads = []StepOp{StepOpen, StepRead, StepRead, StepRead, StepRead, StepClose}
+			reads = []StepOp{StepOpen, StepRead, StepRead, StepReadv, StepClose}
 		}
 		t.Run(format.String()+"/whole", func(t *testing.T) {
 			p, phases := load(t, &fakeFS{file: good, asyncDIO: true}, format, true)

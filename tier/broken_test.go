@@ -246,8 +246,8 @@ func TestBrokenRingKeepsKernelBuffers(t *testing.T) {
 	defer tr.Close(context.Background())
 	put(t, tr, 0)
 	hang, err := fsys.Inject(faultfs.Fault{Ops: faultfs.OpRead, Hang: true,
-		// The read of the payload, into the caller's buffer.
-		Filter: func(op faultfs.Op) bool { return op.Offset == blockstore.HeaderSize && op.Size == testBlockSize }})
+		// The read of header and payload, into the caller's buffer.
+		Filter: func(op faultfs.Op) bool { return op.Offset == 0 && op.Size == blockstore.HeaderSize+testBlockSize }})
 	require.NoError(t, err)
 	defer hang.Release()
 
