@@ -410,7 +410,7 @@ type Config struct {
 	// whole pages before sending it, reports one that it shortened and the
 	// server answered in full as having read all it asked (Linux 6.18: a
 	// raw block cut by a page loaded as whole; linux_test
-	// TestLoadsThroughFUSE). A read that ends within the page the file ends
+	// TestShortBlocksThroughFUSE). A read that ends within the page the file ends
 	// in, or starts past the end, is counted right, so an O_DIRECT load
 	// then reads the block's last page apart first: if that finds nothing,
 	// the file is shorter than a block whatever the other reads say, and
