@@ -56,8 +56,9 @@ func probeDirect(dir string, opts Options) (bool, string) {
 // (blockstore.Config.AsyncDirectReads): it reads two pages of a file of
 // one, in a kernel worker (IOSQE_ASYNC) as the io_uring engine reads on
 // FUSE and NFS. Linux 6.18 counts such a read in full on a FUSE server that
-// asked for asynchronous direct IO (go-fuse's and libfuse's default; not
-// GlusterFS's client). If the probe cannot tell, it says yes.
+// asked for asynchronous direct IO (go-fuse's default; not GlusterFS's
+// client nor bindfs on libfuse 2, which were tried). If the probe cannot
+// tell, it says yes.
 func directReadsMiscounted(dir string) bool {
 	path := filepath.Join(dir, fmt.Sprintf(".direct-probe_%d.tmp", blockstore.NewTempToken()&(1<<63-1)))
 	fd, err := unix.Open(path, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_DIRECT|unix.O_CLOEXEC, 0o600)
