@@ -408,13 +408,14 @@ type Config struct {
 	// complete asynchronously (io_uring's kernel workers issue it so), and
 	// then the kernel, which shortens a read past the end of the file to
 	// whole pages before sending it, reports one that it shortened and the
-	// server answered in full as having read all it asked (Linux 6.18: a
-	// raw block cut by a page loaded as whole; linux_test
-	// TestShortBlocksThroughFUSE). A read that ends within the page the file ends
-	// in, or starts past the end, is counted right, so an O_DIRECT load
-	// then reads the block's last page apart first: if that finds nothing,
-	// the file is shorter than a block whatever the other reads say, and
-	// a STATX sizes it. One read more a load, of a page.
+	// server answered in full as having read all it asked (Linux 6.18
+	// with go-fuse's server: a raw block cut by a page loaded as whole;
+	// linux_test TestShortBlocksThroughFUSE). A read that ends within the
+	// page the file ends in, or starts past the end, is counted right, so
+	// an O_DIRECT load then reads the block's last page apart first: if
+	// that finds nothing, the file is shorter than a block whatever the
+	// other reads say, and a STATX sizes it. One read more a load, of a
+	// page.
 	AsyncDirectReads bool
 }
 

@@ -208,9 +208,10 @@ func TestLoadsThroughFUSE(t *testing.T) {
 
 // TestShortBlocksThroughFUSE cuts block files of four pages short by part of a page and by whole
 // pages, and loads them with O_DIRECT into the tier's buffers: every one is corrupt, its size said
-// right, on both engines. The kernel (6.18) reports an asynchronous O_DIRECT read of a FUSE file that
-// it shortened to the file's last page, and that the server then answered in full, as having read
-// all it asked: before the io_uring engine read the block's last page apart
+// right, on both engines. The kernel (6.18), with go-fuse's server under faultfs, reports an
+// asynchronous O_DIRECT read of a FUSE file that it shortened to the file's last page, and that the
+// server then answered in full, as having read all it asked: before the io_uring engine read the
+// block's last page apart
 // (blockstore.Config.AsyncDirectReads), a raw block cut by a page loaded as whole, the missing page
 // whatever the buffer held. A probe at Open finds the miscount (tier.EngineInfo.LastPageApart).
 func TestShortBlocksThroughFUSE(t *testing.T) {
@@ -221,7 +222,7 @@ func TestShortBlocksThroughFUSE(t *testing.T) {
 			fsys := mountFaultFS(t)
 			tr := openTier(t, kind, fsys.Mountpoint(), func(o *tier.Options) { o.Format, o.Buffers, o.BlockSize = f, 1, size })
 			require.True(t, tr.Engine().Direct, "O_DIRECT through FUSE")
-			require.Equal(t, kind == tier.EngineURing, tr.Engine().LastPageApart, "the probe at Open finds the miscount (go-fuse asks for asynchronous direct IO)")
+			require.Equal(t, kind == tier.EngineURing, tr.Engine().LastPageApart, "the probe at Open finds the miscount on go-fuse's server")
 			for i, cut := range []int64{100, blockSize, blockSize + 100, 2 * blockSize} {
 				t.Run(fmt.Sprintf("%v/cut=%d", f, cut), func(t *testing.T) {
 					require.NoError(t, tr.BlockStore().Put(tr.Namespace(), key(i), payload(i, size)))

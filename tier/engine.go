@@ -55,10 +55,9 @@ func probeDirect(dir string, opts Options) (bool, string) {
 // that ends past the end of a file may report more than the file has
 // (blockstore.Config.AsyncDirectReads): it reads two pages of a file of
 // one, in a kernel worker (IOSQE_ASYNC) as the io_uring engine reads on
-// FUSE and NFS. Linux 6.18 counts such a read in full on a FUSE server that
-// asked for asynchronous direct IO (go-fuse's default; not GlusterFS's
-// client nor bindfs on libfuse 2, which were tried). If the probe cannot
-// tell, it says yes.
+// FUSE and NFS. Linux 6.18 counted such a read in full on go-fuse's server
+// (the tests' faultfs), not on GlusterFS's client, bindfs (libfuse 2) or
+// fuse-overlayfs (libfuse 3). If the probe cannot tell, it says yes.
 func directReadsMiscounted(dir string) bool {
 	path := filepath.Join(dir, fmt.Sprintf(".direct-probe_%d.tmp", blockstore.NewTempToken()&(1<<63-1)))
 	fd, err := unix.Open(path, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_DIRECT|unix.O_CLOEXEC, 0o600)

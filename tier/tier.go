@@ -109,7 +109,7 @@ type EngineInfo struct {
 	// each block's last page apart first (blockstore.Config.AsyncDirectReads):
 	// on a filesystem where Inline is false and a probe at Open found an
 	// asynchronous O_DIRECT read that ends past the end of a file counted
-	// in full (FUSE servers that ask for asynchronous direct IO). A read
+	// in full (go-fuse's server; not GlusterFS's client). A read
 	// of a page more a load.
 	LastPageApart bool
 }
