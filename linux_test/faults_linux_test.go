@@ -211,9 +211,9 @@ func TestLoadsThroughFUSE(t *testing.T) {
 // right, on both engines. The kernel (6.18), with go-fuse's server under faultfs, reports an
 // asynchronous O_DIRECT read of a FUSE file that it shortened to the file's last page, and that the
 // server then answered in full, as having read all it asked: before the io_uring engine read the
-// block's last page apart
-// (blockstore.Config.AsyncDirectReads), a raw block cut by a page loaded as whole, the missing page
-// whatever the buffer held. A probe at Open finds the miscount (tier.EngineInfo.LastPageApart).
+// block's last page apart (blockstore.Config.AsyncDirectReads), a raw block cut by a page loaded as
+// whole, the missing page whatever the buffer held. A probe at Open finds the miscount
+// (tier.EngineInfo.LastPageApart).
 func TestShortBlocksThroughFUSE(t *testing.T) {
 	needRoot(t, "FUSE")
 	const size = 4 * blockSize
