@@ -22,11 +22,14 @@ type engineInfo struct {
 	StoresSync bool `json:"stores_sync"`
 	// LoadsSync: loads run on that pool too (tmpfs)
 	LoadsSync bool `json:"loads_sync"`
+	// LastPageApart: O_DIRECT loads read each block's last page apart first (a FUSE server that miscounts reads at a file's end)
+	LastPageApart bool `json:"last_page_apart"`
 }
 
 func newEngineInfo(e tier.EngineInfo) engineInfo {
 	return engineInfo{Kind: e.Kind.String(), Fallback: e.Fallback, Rings: e.Rings, Flags: e.Flags,
-		Direct: e.Direct, NoDirect: e.NoDirect, FS: e.FS, Inline: e.Inline, OwnThreads: e.OwnThreads, StoresSync: e.StoresSync, LoadsSync: e.LoadsSync}
+		Direct: e.Direct, NoDirect: e.NoDirect, FS: e.FS, Inline: e.Inline, OwnThreads: e.OwnThreads, StoresSync: e.StoresSync, LoadsSync: e.LoadsSync,
+		LastPageApart: e.LastPageApart}
 }
 
 func engineJSON(e tier.EngineInfo) []byte {

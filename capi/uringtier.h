@@ -359,7 +359,7 @@ int ut_stats(ut_tier t, char *buf, size_t cap);
 /* ut_engine writes which engine the tier runs, as JSON ({"kind": "uring",
  * "fallback": "", "rings": 1, "flags": ..., "direct": ..., "no_direct": ...,
  * "fs": ..., "inline": ..., "own_threads": ..., "stores_sync": ...,
- * "loads_sync": ...}), like ut_stats. */
+ * "loads_sync": ..., "last_page_apart": ...}), like ut_stats. */
 int ut_engine(ut_tier t, char *buf, size_t cap);
 
 /*

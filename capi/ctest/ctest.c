@@ -306,6 +306,7 @@ static void test_buffers(const char *dir, const char *engine) {
 	CHECK(memcmp(bufs[1], want, BLOCK) == 0, "loaded payload");
 	char json[4096];
 	ut_engine(t, json, sizeof json);
+	CHECK(strstr(json, "\"last_page_apart\":false") != NULL, "a local filesystem counts reads right (%s)", json);
 	if (strcmp(engine, "uring") == 0 && strstr(json, "\"direct\":true") && strstr(json, "\"inline\":true") &&
 	    strstr(json, "\"loads_sync\":false")) {
 		// One read of header and payload: the block's header, which names

@@ -36,6 +36,7 @@ class Base(TempDirTest):
         if local:
             # A temporary directory is on a local filesystem.
             self.assertEqual(tier.engine.stores_sync, self.engine == "uring")
+            self.assertFalse(tier.engine.last_page_apart)
         return tier
 
     def populate(self, tier: uringtier.Tier, n: int, salt: str = "") -> None:

@@ -112,6 +112,7 @@ class EngineInfo:
     inline: bool  #: reads and writes may complete in the owner thread
     stores_sync: bool  #: stores run as plain syscalls on a pool of goroutines (a local filesystem), their O_DIRECT writes on the rings
     loads_sync: bool  #: loads run on that pool too (tmpfs)
+    last_page_apart: bool  #: O_DIRECT loads read each block's last page apart first (a FUSE server that miscounts reads at a file's end)
 
 
 def _seconds(name: str, value: float) -> str:
