@@ -32,12 +32,15 @@ func engines(t *testing.T, f func(t *testing.T, kind tier.EngineKind)) {
 // mountFaultFS mounts a faultfs pass-through over a fresh directory, or skips t saying why FUSE is
 // unusable here. The mount is gone when t ends (cleanups run last-in first-out, so a tier opened
 // on it afterwards is closed first).
-func mountFaultFS(t *testing.T) *faultfs.FS {
+func mountFaultFS(t *testing.T) *faultfs.FS { return mountFaultFSWith(t, faultfs.Options{}) }
+
+// mountFaultFSWith is mountFaultFS with opts.
+func mountFaultFSWith(t *testing.T, opts faultfs.Options) *faultfs.FS {
 	t.Helper()
 	if err := faultfs.Available(); err != nil {
 		t.Skipf("needs FUSE: %v", err)
 	}
-	fsys, err := faultfs.Mount(t.TempDir(), t.TempDir(), faultfs.Options{})
+	fsys, err := faultfs.Mount(t.TempDir(), t.TempDir(), opts)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, fsys.Unmount()) })
 	return fsys

@@ -20,64 +20,59 @@ func isCanceled(err error) bool {
 }
 
 // probeDirect says whether loads and stores can use O_DIRECT in dir, and if
-// not why.
-func probeDirect(dir string, opts Options) (bool, string) {
+// not why; with ring, also whether an asynchronous O_DIRECT read there
+// that ends past the end of a file may report more than the file has
+// (ringReadsMiscounted).
+func probeDirect(dir string, opts Options, ring bool) (ok bool, why string, miscounted bool) {
 	switch {
 	case opts.NoDirect:
-		return false, "disabled by Options.NoDirect"
+		return false, "disabled by Options.NoDirect", false
 	case opts.BlockSize%blockstore.HeaderSize != 0:
-		return false, fmt.Sprintf("block size %d is not a multiple of %d", opts.BlockSize, blockstore.HeaderSize)
+		return false, fmt.Sprintf("block size %d is not a multiple of %d", opts.BlockSize, blockstore.HeaderSize), false
 	}
 	// Named as vLLM names its probes and temporary files (*_<digits>.tmp),
 	// so that a probe a crash left behind is anyone's clean-up's.
 	path := filepath.Join(dir, fmt.Sprintf(".direct-probe_%d.tmp", blockstore.NewTempToken()&(1<<63-1)))
 	fd, err := unix.Open(path, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_DIRECT|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return false, fmt.Sprintf("the filesystem refuses O_DIRECT: %v", err)
-	}
-	defer unix.Unlink(path)
-	defer unix.Close(fd)
-	buf, err := uring.AllocBuffer(blockstore.HeaderSize)
-	if err != nil {
-		return false, err.Error()
-	}
-	defer uring.FreeBuffer(buf)
-	if _, err := unix.Pwrite(fd, buf, 0); err != nil {
-		return false, fmt.Sprintf("the filesystem refuses O_DIRECT writes: %v", err)
-	}
-	if _, err := unix.Pread(fd, buf, 0); err != nil {
-		return false, fmt.Sprintf("the filesystem refuses O_DIRECT reads: %v", err)
-	}
-	return true, ""
-}
-
-// directReadsMiscounted says whether an asynchronous O_DIRECT read in dir
-// that ends past the end of a file may report more than the file has
-// (blockstore.Config.AsyncDirectReads): it reads two pages of a file of
-// one, in a kernel worker (IOSQE_ASYNC) as the io_uring engine reads on
-// FUSE and NFS. Linux 6.18 counted such a read in full on go-fuse's server
-// (the tests' faultfs), not on GlusterFS's client, bindfs (libfuse 2) or
-// fuse-overlayfs (libfuse 3). If the probe cannot tell, it says yes.
-func directReadsMiscounted(dir string) bool {
-	path := filepath.Join(dir, fmt.Sprintf(".direct-probe_%d.tmp", blockstore.NewTempToken()&(1<<63-1)))
-	fd, err := unix.Open(path, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_DIRECT|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return true
+		return false, fmt.Sprintf("the filesystem refuses O_DIRECT: %v", err), false
 	}
 	defer unix.Unlink(path)
 	defer unix.Close(fd)
 	buf, err := uring.AllocBuffer(2 * blockstore.HeaderSize)
 	if err != nil {
-		return true
+		return false, err.Error(), false
 	}
-	if n, err := unix.Pwrite(fd, buf[:blockstore.HeaderSize], 0); err != nil || n != blockstore.HeaderSize {
-		uring.FreeBuffer(buf)
-		return true
+	inFlight := false
+	defer func() {
+		if !inFlight {
+			uring.FreeBuffer(buf)
+		}
+	}()
+	if _, err := unix.Pwrite(fd, buf[:blockstore.HeaderSize], 0); err != nil {
+		return false, fmt.Sprintf("the filesystem refuses O_DIRECT writes: %v", err), false
 	}
+	if _, err := unix.Pread(fd, buf[:blockstore.HeaderSize], 0); err != nil {
+		return false, fmt.Sprintf("the filesystem refuses O_DIRECT reads: %v", err), false
+	}
+	if ring {
+		miscounted, inFlight = ringReadsMiscounted(fd, buf)
+	}
+	return true, "", miscounted
+}
+
+// ringReadsMiscounted says whether an asynchronous O_DIRECT read of fd, a
+// file of one page, reports more than that page when it asks for buf, two
+// (blockstore.Config.AsyncDirectReads): it reads in a kernel worker
+// (IOSQE_ASYNC), as the io_uring engine reads on FUSE and NFS. Linux 6.18
+// counted such a read in full on go-fuse's server (the tests' faultfs,
+// whose files are FOPEN_DIRECT_IO), not on GlusterFS's client, bindfs
+// (libfuse 2) or fuse-overlayfs (libfuse 3). If it cannot tell, it says
+// yes; inFlight says the read may still be in the kernel (buf must stay).
+func ringReadsMiscounted(fd int, buf []byte) (miscounted, inFlight bool) {
 	r, err := uring.New(2, uring.Options{Disable: uring.FlagSingleIssuer | uring.FlagDeferTaskrun})
 	if err != nil {
-		uring.FreeBuffer(buf)
-		return true
+		return true, false
 	}
 	defer r.Close()
 	s := r.GetSQE()
@@ -86,10 +81,9 @@ func directReadsMiscounted(dir string) bool {
 	var cqe [1]uring.CQE
 	// As long as the probe's pread did: a hung server hangs Open either way.
 	if _, err := r.SubmitAndWait(1, -1); err != nil || r.Reap(cqe[:]) != 1 {
-		return true // the read may still be in flight: its buffer is not freed
+		return true, true
 	}
-	uring.FreeBuffer(buf)
-	return cqe[0].Res != blockstore.HeaderSize
+	return cqe[0].Res != blockstore.HeaderSize, false
 }
 
 // inlineSafe reports whether reads and writes in dir may be issued inline

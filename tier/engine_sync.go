@@ -26,7 +26,7 @@ func newSyncBackend(t *Tier, s *shard) (*syncBackend, error) {
 	if t.local {
 		take = syncTake
 	}
-	b.syncPool = newSyncPool(t, s, t.opts.SyncWorkers, take, nil)
+	b.syncPool = newSyncPool(t, s, t.opts.SyncWorkers, take, nil, nil)
 	return b, nil
 }
 
@@ -98,13 +98,15 @@ type syncPool struct {
 	doneC chan struct{} // capacity 1: doneQ was added to
 }
 
-// newSyncPool starts workers goroutines for shard s's ops.
-func newSyncPool(t *Tier, s *shard, workers, take int, notify func()) *syncPool {
+// newSyncPool starts workers goroutines for shard s's ops; write, if not
+// nil, makes O_DIRECT stores' writes (syncPool.write).
+func newSyncPool(t *Tier, s *shard, workers, take int, notify func(), write func(w *ringWrite) int32) *syncPool {
 	p := &syncPool{
 		t:      t,
 		ops:    s.ops,
 		work:   make(chan int32, t.opts.OpsMax),
 		notify: notify,
+		write:  write,
 		ns:     t.ns,
 		cfg:    t.programConfig(t.store.DirCache(t.opts.Namespace)),
 		take:   take,
@@ -144,10 +146,14 @@ func (p *syncPool) worker(workers int) {
 	defer p.wg.Done()
 	prog := make([]blockstore.Program, 1)
 	hdr := alignedBytes(blockstore.ScratchSize)
-	w := &ringWrite{res: make(chan int32, 1)}
-	write := func(fd int, s *blockstore.Step) int32 {
-		w.fd, w.s = fd, s
-		return p.write(w)
+	var w *ringWrite // the worker's one write on the ring, where the pool has them
+	var write func(fd int, s *blockstore.Step) int32
+	if p.write != nil {
+		w = &ringWrite{res: make(chan int32, 1)}
+		write = func(fd int, s *blockstore.Step) int32 {
+			w.fd, w.s = fd, s
+			return p.write(w)
+		}
 	}
 	batch := make([]int32, 0, p.take)
 	for i := range p.work {
@@ -195,7 +201,7 @@ var poolRan func(o *op)
 
 // run executes o's program: one namespace directory for all its phases,
 // unless a store finds it gone. An O_DIRECT store's writes go through
-// write (w's), where the pool has one.
+// write (w's), where the pool has them (w not nil).
 func (p *syncPool) run(prog *blockstore.Program, o *op, hdr []byte, w *ringWrite, write func(int, *blockstore.Step) int32) (Status, error) {
 	if poolRun != nil {
 		poolRun(o, p.notify != nil)
@@ -205,8 +211,10 @@ func (p *syncPool) run(prog *blockstore.Program, o *op, hdr []byte, w *ringWrite
 		return StatusFailed, err
 	}
 	dir := p.ns.currentAt(o.started)
-	onRing := p.write != nil && o.kind == OpStore && direct
-	w.o, w.broken = o, nil
+	onRing := w != nil && o.kind == OpStore && direct
+	if onRing {
+		w.o, w.broken = o, nil
+	}
 	for {
 		if onRing {
 			prog.RunSyncWrites(dir, write)
@@ -215,7 +223,7 @@ func (p *syncPool) run(prog *blockstore.Program, o *op, hdr []byte, w *ringWrite
 		}
 		if prog.Judge() {
 			p.t.noteDisposal(prog)
-			if w.broken != nil {
+			if onRing && w.broken != nil {
 				return StatusFailed, w.broken
 			}
 			return tierStatus[prog.Status], prog.Err

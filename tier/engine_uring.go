@@ -349,10 +349,11 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	}()
 	if t.engine.StoresSync || t.engine.LoadsSync {
 		rings := t.opts.Rings
-		b.pool = newSyncPool(t, s, (t.opts.SyncWorkers+rings-1)/rings, 1, b.wake)
+		var write func(w *ringWrite) int32
 		if t.engine.Direct && !t.engine.LoadsSync {
-			b.pool.write = b.ringWrite // not on tmpfs: no IOCB_NOWAIT, every write to a kernel worker
+			write = b.ringWrite // not on tmpfs: no IOCB_NOWAIT, every write to a kernel worker
 		}
+		b.pool = newSyncPool(t, s, (t.opts.SyncWorkers+rings-1)/rings, 1, b.wake, write)
 	}
 	cq := 8 * entries
 	if ringSize > 0 {

@@ -368,16 +368,17 @@ func chooseEngine(dir string, opts Options) (EngineInfo, bool, error) {
 			e.Kind, e.Fallback = EngineSync, err.Error()
 		}
 	}
-	e.Direct, e.NoDirect = probeDirect(dir, opts)
 	local, fs := inlineSafe(dir)
 	e.FS = fs
+	var miscounted bool
+	e.Direct, e.NoDirect, miscounted = probeDirect(dir, opts, e.Kind == EngineURing && !local)
 	if e.Kind == EngineURing {
 		e.Inline = local
 		e.Rings = opts.Rings
 		e.OwnThreads = !e.Inline || opts.Lookup != LookupOpenPath
 		e.StoresSync = e.Inline && !opts.StoresOnRing
 		e.LoadsSync = e.FS == "tmpfs" || testLoadsSync
-		e.LastPageApart = !e.Inline && e.Direct && directReadsMiscounted(dir)
+		e.LastPageApart = miscounted
 	}
 	return e, local, nil
 }
