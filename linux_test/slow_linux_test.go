@@ -114,3 +114,65 @@ func TestSlowFilesystem(t *testing.T) {
 	})
 	assert.Positive(t, rule.Fired())
 }
+
+// TestOwnerGathersCompletions: on a filesystem whose operations take long, an io_uring owner with
+// many in the kernel lets their completions gather before it sleeps on its eventfd, instead of
+// waking for each. Lookups of n keys are held in FUSE, then answered one every 100 µs: the owners
+// must sleep on the kernel (tier.Stats.KernelSleeps) far fewer times than n, and find every key.
+func TestOwnerGathersCompletions(t *testing.T) {
+	needRoot(t, "FUSE")
+	// One ring of two CPUs: its owner sleeps in io_uring_enter; two: on their eventfds.
+	for _, rings := range []int{1, 2} {
+		t.Run(fmt.Sprintf("rings=%d", rings), func(t *testing.T) { testOwnerGathers(t, rings) })
+	}
+}
+
+func testOwnerGathers(t *testing.T, rings int) {
+	fsys := mountFaultFS(t)
+	tr := openTier(t, tier.EngineURing, fsys.Mountpoint(), func(o *tier.Options) { o.Rings, o.OpsMax, o.WorkersMax = rings, 256, 128 })
+	require.False(t, tr.Engine().Inline, "FUSE: every op to a kernel worker")
+	const n = 128
+	paths := make([]string, n)
+	for i := range n {
+		require.NoError(t, tr.BlockStore().Put(tr.Namespace(), key(i), payload(i, blockSize)))
+		paths[i] = filepath.Join(tr.Namespace(), string(tr.BlockStore().Layout().AppendPath(nil, key(i))))
+	}
+
+	// hold looks the n keys up with each one's lookup held in FUSE, and returns once all are held.
+	hold := func(req uint64) []*faultfs.Rule {
+		rules := make([]*faultfs.Rule, n)
+		for i, p := range paths {
+			r, err := fsys.Inject(faultfs.Fault{Ops: faultfs.OpLookup | faultfs.OpGetattr, Path: p, Hang: true})
+			require.NoError(t, err)
+			rules[i] = r
+		}
+		require.NoError(t, tr.Lookup(req, keyRange(0, n)))
+		require.Eventually(t, func() bool { return fsys.Hung() == n }, 10*time.Second, time.Millisecond,
+			"every lookup held in FUSE")
+		return rules
+	}
+	found := func(res tier.Result) {
+		for i, k := range res.Keys {
+			require.Equal(t, tier.StatusFound, k.Status, "key %d: %v", i, k.Err)
+		}
+	}
+	// Once, all answered together 30 ms on: the owner learns that ops take long here.
+	rules := hold(1)
+	time.Sleep(30 * time.Millisecond)
+	for _, r := range rules {
+		r.Remove()
+	}
+	found(await(t, tr, 1)[1])
+
+	rules = hold(2)
+	before := tr.Stats().KernelSleeps
+	for _, r := range rules {
+		r.Remove()
+		// A system call's sleep: the runtime's own ends on its next timer check, up to a ms here.
+		unix.Nanosleep(&unix.Timespec{Nsec: 100_000}, nil)
+	}
+	found(await(t, tr, 2)[2])
+	sleeps := tr.Stats().KernelSleeps - before
+	t.Logf("%d completions, one every 100 µs: the owners slept on the kernel %d times", n, sleeps)
+	assert.LessOrEqual(t, sleeps, uint64(n/4), "the owner woke for nearly every completion")
+}

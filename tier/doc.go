@@ -31,7 +31,9 @@
 // kernel holds none of its operations and otherwise on the ring's eventfd in
 // Go's netpoller, holding no P either way (with fewer rings than Ps, where a
 // caller finds a P anyway, a locked owner sleeps in io_uring_enter and no
-// owner yields its P); callers hand it work through a
+// owner yields its P); on FUSE, NFS and unknown filesystems, with many
+// operations there that take long, it first lets their completions gather
+// for a while (gatherWindow); callers hand it work through a
 // mutex-guarded inbox and wake it (a load, store or delete only when no
 // completion is due to, shard.enqueue), never touching the ring. The sync
 // engine's owner hands key operations to a fixed pool of goroutines doing

@@ -142,12 +142,13 @@ type shard struct {
 	ops         []op
 	free        []int32
 	inUse       int
-	stores      int     // of inUse
-	deletes     int     // of inUse
-	lookupsN    int     // of inUse: lookups
-	lookupsMax  int     // lookupsN at most (io_uring: lookupsMax, or WorkersMax if more)
-	aside       int     // of inUse: loads whose Judge runs aside (io_uring, judgeAside)
-	lookups     opIndex // key hash -> lookup op, to share one op among requests
+	opTime      time.Duration // a moving average of how long ops take, start to finish (gather)
+	stores      int           // of inUse
+	deletes     int           // of inUse
+	lookupsN    int           // of inUse: lookups
+	lookupsMax  int           // lookupsN at most (io_uring: lookupsMax, or WorkersMax if more)
+	aside       int           // of inUse: loads whose Judge runs aside (io_uring, judgeAside)
+	lookups     opIndex       // key hash -> lookup op, to share one op among requests
 	cache       map[uint64]cacheEntry
 	cacheEpoch  uint64
 	stuck       int
@@ -775,7 +776,9 @@ func earliest(a, b time.Time) time.Time {
 // finish takes the outcome of op j to its waiters.
 func (s *shard) finish(j int32, now time.Time) {
 	o := &s.ops[j]
-	s.counts.latency[o.kind].Record(now.Sub(o.started))
+	took := now.Sub(o.started)
+	s.counts.latency[o.kind].Record(took)
+	s.opTime += (took - s.opTime) / 16
 	switch {
 	case o.kind == OpLookup:
 		s.lookups.remove(o.hash, j)

@@ -97,6 +97,7 @@ type keyCounters struct {
 	queueWait    [opKinds]latency.Histogram // key operations: submit to start
 	bytesRead    atomic.Uint64
 	bytesWritten atomic.Uint64
+	sleeps       atomic.Uint64 // Stats.KernelSleeps
 }
 
 // Stats is a snapshot of a tier's counters. Its histograms are
@@ -140,6 +141,12 @@ type Stats struct {
 	// SubmitRetries counts submissions the kernel refused until
 	// completions were reaped (EBUSY, EAGAIN: a full completion queue).
 	SubmitRetries uint64
+	// KernelSleeps counts the io_uring owners' sleeps on the kernel (the
+	// ring's eventfd, or io_uring_enter) while operations of theirs were
+	// in it: most end in a wake-up by a completion, from a kernel worker
+	// on another CPU. Sleeps while completions gather, on the owner's own
+	// timer, are not counted. The sync engine counts none.
+	KernelSleeps uint64
 	// Quarantined counts corrupt block files that loads moved into the
 	// quarantine directory; QuarantineFailed those they could not move.
 	Quarantined      uint64
@@ -214,6 +221,7 @@ func (t *Tier) Stats() Stats {
 		}
 		s.BytesRead += k.bytesRead.Load()
 		s.BytesWritten += k.bytesWritten.Load()
+		s.KernelSleeps += k.sleeps.Load()
 		s.InFlight += int(sh.inFlight.Load())
 		s.RingOps = append(s.RingOps, sh.started.Load())
 		s.Queued += int(sh.queued.Load())

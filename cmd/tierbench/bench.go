@@ -504,6 +504,7 @@ func (d *driver) finish() {
 	d.interval(now, true)
 	st := d.tr.Stats()
 	res.Busy, res.Shared = st.Busy-d.statsStart.Busy, st.Shared-d.statsStart.Shared
+	res.KernelSleeps = st.KernelSleeps - d.statsStart.KernelSleeps
 	op := d.w.op
 	res.opHist = st.Latency[op]
 	res.opHist.Sub(&d.statsStart.Latency[op])

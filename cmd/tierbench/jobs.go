@@ -260,6 +260,7 @@ func sumResults(rs []*result) *result {
 		t.Evictor = t.Evictor || r.Evictor
 		t.Busy += r.Busy
 		t.Shared += r.Shared
+		t.KernelSleeps += r.KernelSleeps
 		if workloadOps[r.Workload] != tier.OpLookup {
 			t.bytes += r.Found * int64(r.BlockSize)
 		}

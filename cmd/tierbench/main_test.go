@@ -165,6 +165,8 @@ func checkResultLine(t *testing.T, line string, engine, workload string, keys in
 		BlockSize   int64              `json:"block_size"`
 		CPUSeconds  float64            `json:"cpu_seconds"`
 		CPUUSPerKey float64            `json:"cpu_us_per_key"`
+		Sleeps      uint64             `json:"kernel_sleeps"`
+		SleepsKey   float64            `json:"kernel_sleeps_per_key"`
 	}
 	dec := json.NewDecoder(strings.NewReader(line))
 	require.NoError(t, dec.Decode(&r))
@@ -202,6 +204,10 @@ func checkResultLine(t *testing.T, line string, engine, workload string, keys in
 	assert.Positive(t, r.CallerMaxUS)
 	assert.Positive(t, r.CPUSeconds, "cpu_seconds")
 	assert.InEpsilon(t, r.CPUSeconds*1e6/float64(r.Keys), r.CPUUSPerKey, 1e-6, "cpu_us_per_key")
+	assert.InDelta(t, float64(r.Sleeps)/float64(r.Keys), r.SleepsKey, 1e-9, "kernel_sleeps_per_key")
+	if engine == "sync" {
+		assert.Zero(t, r.Sleeps, "the sync engine's owners sleep on no ring")
+	}
 	assert.LessOrEqual(t, r.CallerMaxUS, r.Seconds*1e6)
 }
 

@@ -47,6 +47,11 @@ type result struct {
 	CPUSeconds   float64 `json:"cpu_seconds"`
 	CPUUSPerKey  float64 `json:"cpu_us_per_key"`
 	CPUNSPerByte float64 `json:"cpu_ns_per_byte"`
+	// KernelSleeps counts the io_uring owners' sleeps on the kernel while
+	// the workload ran (tier.Stats.KernelSleeps; 0 on the sync engine), per
+	// key in KernelSleepsPerKey: the wake-ups a key cost.
+	KernelSleeps       uint64  `json:"kernel_sleeps"`
+	KernelSleepsPerKey float64 `json:"kernel_sleeps_per_key"`
 	// OpLatencyUS is the tier's own figure: one key operation in the
 	// kernel (or a sync worker), from its start to its completion.
 	OpLatencyUS latencyUS `json:"op_latency_us"`
@@ -141,6 +146,7 @@ func (r *result) finish() {
 	r.CPUSeconds = r.cpu.Seconds()
 	if r.Keys > 0 {
 		r.CPUUSPerKey = us(r.cpu) / float64(r.Keys)
+		r.KernelSleepsPerKey = float64(r.KernelSleeps) / float64(r.Keys)
 	}
 	if r.bytes > 0 {
 		r.CPUNSPerByte = float64(r.cpu.Nanoseconds()) / float64(r.bytes)
