@@ -1087,7 +1087,7 @@ func (b *uringBackend) wait(d time.Duration, done []int32) []int32 {
 			// completed or the window has passed; a caller's wake (the
 			// waker's completion) waits for the window too.
 			w = min(d, w)
-			b.enter(uint32(b.kernelOps()), w)
+			b.enter(uint32(b.awaited()), w)
 			if b.ring.Ready() > 0 || d <= w {
 				break
 			}
@@ -1240,10 +1240,10 @@ func (b *uringBackend) idle(d time.Duration) (woken bool) {
 
 // gatherWindow is how long an owner about to sleep on the kernel first
 // lets completions gather, or 0: on a ring whose every op goes to a kernel
-// worker (a FUSE, NFS or unknown filesystem), with at least gatherOps in
-// the kernel, its ops taking gatherOpTime or more at the moving average.
-// Long enough to hold two completions at the rate that the ops in the
-// kernel and their time imply, at most an eighth of that time and
+// worker (a FUSE, NFS or unknown filesystem), with at least gatherOps
+// completions awaited, its ops taking gatherOpTime or more at the moving
+// average. Long enough to hold two completions at the rate that the ops
+// awaited and their time imply, at most an eighth of that time and
 // gatherMax (an owner awaiting completions wakes every lazyWake anyway).
 // Each completion the eventfd announces wakes the netpoller's thread from
 // a kernel worker on another CPU; a window ends on the owner's own timer
@@ -1256,7 +1256,7 @@ func (b *uringBackend) idle(d time.Duration) (woken bool) {
 // as high or higher. perf stat of lookups with a fixed 200 µs window: 1.2-1.4
 // epoll waits a key against 1.9-2.0, 180-185 µs of CPU against 228-233.
 func (b *uringBackend) gatherWindow() time.Duration {
-	n, t := b.kernelOps(), b.s.opTime
+	n, t := b.awaited(), b.s.opTime
 	if !b.gather || b.broken != nil || n < gatherOps || t < gatherOpTime {
 		return 0
 	}
@@ -1270,9 +1270,10 @@ const (
 	gatherOps    = 8
 )
 
-// kernelOps is how many of the owner's operations are in the kernel: its
-// ops in use but those on the store pool, and the pool's writes on the ring.
-func (b *uringBackend) kernelOps() int { return b.s.inUse - b.nPooled + b.nWrites }
+// awaited is how many completions the owner awaits: its ops in use but
+// those on the store pool and those stuck past their deadline, and the
+// pool's writes on the ring.
+func (b *uringBackend) awaited() int { return b.s.inUse - b.nPooled - b.s.stuck + b.nWrites }
 
 // enter submits and waits for n completions or d.
 func (b *uringBackend) enter(n uint32, d time.Duration) {

@@ -1,10 +1,12 @@
 package tier
 
 import (
+	"errors"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -59,6 +61,42 @@ func TestLazyWakeTakenIn(t *testing.T) {
 			require.Equal(t, want, res[3].Keys[0].Status, "%v", res[3].Keys[0].Err)
 			t.Logf("the %v took %v", op, took)
 			require.Less(t, took, 500*time.Millisecond, "the %v waited for the owner's timer", op)
+		})
+	}
+}
+
+// TestGatherWindow: an owner lets completions gather only on a ring that
+// may (not EngineInfo.Inline), with gatherOps awaited and ops taking
+// gatherOpTime or more; then for two completions' time at the rate those
+// imply, within gatherMin and the smaller of an eighth of an op's time and
+// gatherMax.
+func TestGatherWindow(t *testing.T) {
+	ms := time.Millisecond
+	for _, c := range []struct {
+		name   string
+		gather bool
+		inUse  int
+		stuck  int
+		opTime time.Duration
+		broken bool
+		want   time.Duration
+	}{
+		{"inline filesystem", false, 64, 0, 400 * ms, false, 0},
+		{"broken ring", true, 64, 0, 400 * ms, true, 0},
+		{"few awaited", true, gatherOps - 1, 0, 400 * ms, false, 0},
+		{"few awaited but stuck", true, 64, 64 - gatherOps + 1, 400 * ms, false, 0},
+		{"quick ops", true, 64, 0, gatherOpTime - 1, false, 0},
+		{"slow ops, many: at most gatherMax", true, 64, 0, 400 * ms, false, gatherMax},
+		{"two completions' time", true, 64, 0, 16 * ms, false, ms / 2},
+		{"an eighth of an op's time", true, gatherOps, 0, 8 * ms, false, ms},
+		{"at least gatherMin", true, 1024, 0, 8 * ms, false, gatherMin},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b := &uringBackend{gather: c.gather, s: &shard{inUse: c.inUse, stuck: c.stuck, opTime: c.opTime}}
+			if c.broken {
+				b.broken = errors.New("broken")
+			}
+			assert.Equal(t, c.want, b.gatherWindow())
 		})
 	}
 }
