@@ -143,9 +143,9 @@ type Stats struct {
 	SubmitRetries uint64
 	// KernelSleeps counts the io_uring owners' sleeps on the kernel (the
 	// ring's eventfd, or io_uring_enter) while operations of theirs were
-	// in it: most end in a wake-up by a completion, from a kernel worker
-	// on another CPU. Sleeps while completions gather, on the owner's own
-	// timer, are not counted. The sync engine counts none.
+	// in it: most end in a wake-up by a completion, often from another
+	// CPU. Waits that let completions gather (on FUSE, NFS and unknown
+	// filesystems) are not counted. The sync engine counts none.
 	KernelSleeps uint64
 	// Quarantined counts corrupt block files that loads moved into the
 	// quarantine directory; QuarantineFailed those they could not move.
