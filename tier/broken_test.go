@@ -96,6 +96,46 @@ func TestBrokenRingFailsPoolWrites(t *testing.T) {
 	require.NoError(t, tr.Close(context.Background()))
 }
 
+// TestBrokenRingHoldsTakenPoolWrites breaks the ring just after the kernel
+// took an O_DIRECT store's write from the store pool (the fault submits for
+// real, then fails the submission): the store ends StatusFailed wrapping
+// ErrBroken and the cause, and its buffer stays held (Result.Held), since a
+// broken ring never reaps the write that may still read it; no temporary
+// file stays, and Close returns.
+func TestBrokenRingHoldsTakenPoolWrites(t *testing.T) {
+	var ring atomic.Pointer[uring.Ring] // armed: the ring to break
+	var taken atomic.Int64
+	ringFault = func(sqes uint32) error {
+		r := ring.Load()
+		if r == nil || sqes == 0 {
+			return nil
+		}
+		n, err := r.Submit() // on the owner's goroutine, as its own submit would
+		if err != nil {
+			return err
+		}
+		taken.Add(int64(n))
+		return syscall.EBADFD
+	}
+	t.Cleanup(func() { ringFault = nil })
+	dir := t.TempDir()
+	tr := openTier(t, EngineURing, dir, func(o *Options) { o.Rings, o.Buffers, o.NoDirect = 1, 1, false })
+	require.True(t, tr.Engine().StoresSync && tr.Engine().Direct, "O_DIRECT stores on the store pool: %+v", tr.Engine())
+	ring.Store(tr.shards[0].be.(*uringBackend).ring)
+	bufs := tr.Buffers()
+	require.NoError(t, tr.Store(1, testKeys(0), bufs))
+	r := awaitWithin(t, tr, 10*time.Second, 1)[1]
+	require.Equal(t, int64(1), taken.Load(), "the kernel took the write, and nothing else")
+	assert.Equal(t, StatusFailed, r.Keys[0].Status)
+	assert.ErrorIs(t, r.Keys[0].Err, ErrBroken)
+	assert.ErrorIs(t, r.Keys[0].Err, syscall.EBADFD)
+	assert.Equal(t, 1, r.Held, "the buffer of the write the kernel took")
+	tmps, err := filepath.Glob(filepath.Join(dir, "*", "*", "*", "*.tmp*"))
+	require.NoError(t, err)
+	assert.Empty(t, tmps, "temporary files left")
+	require.NoError(t, tr.Close(context.Background()))
+}
+
 // TestRingBreaksMidBatch breaks the ring while its owner is still starting
 // a 1,024-key batch of found keys, after three chunks of them completed
 // inline and were finished, their op slots taken by the next keys: every key

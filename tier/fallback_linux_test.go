@@ -90,6 +90,7 @@ var notInConformanceSuite = map[string]string{
 	"TestLookupAfterChangeStartsItsOwn":          "it holds a sync engine worker's op after its program ran (the sharing it tests is the shards', common to both engines)",
 	"TestBrokenRingFailsTheTier":                 "it injects a fault into the io_uring engine's ring",
 	"TestBrokenRingKeepsKernelBuffers":           "it injects a fault into the io_uring engine's ring",
+	"TestBrokenRingHoldsTakenPoolWrites":         "it injects a fault into the io_uring engine's ring",
 	"TestStrayCompletionFailsTheTier":            "it posts a completion on the io_uring engine's ring",
 	"TestReapUnderPressure":                      "it shrinks the io_uring engine's queues",
 	"TestRingBreaksMidBatch":                     "it injects a fault into the io_uring engine's ring",
