@@ -1179,28 +1179,14 @@ func (b *uringBackend) emptyProbed() {
 func (b *uringBackend) idle(d time.Duration) (woken bool) {
 	d = max(d, time.Microsecond)
 	if b.s.inUse == b.nPooled && b.nWrites == 0 || b.evfd == nil {
-		b.timer.Reset(d)
-		select {
-		case <-b.wakeC:
-			woken = true
-		case <-b.timer.C:
-		}
-		b.timer.Stop()
-		return woken
+		return b.nap(d)
 	}
 	if w := b.gatherWindow(); w > 0 {
 		// Its signals off, the ring wakes no one as completions come:
 		// the owner sleeps on its channel, where a caller's wake still
 		// ends the sleep at once, and then reaps what gathered.
 		w = min(d, w)
-		b.timer.Reset(w)
-		select {
-		case <-b.wakeC:
-			woken = true
-		case <-b.timer.C:
-		}
-		b.timer.Stop()
-		if woken || b.ring.Ready() > 0 || b.ring.NeedsEnter() || d <= w {
+		if b.nap(w) || b.ring.Ready() > 0 || b.ring.NeedsEnter() || d <= w {
 			return true
 		}
 		d -= w
@@ -1235,6 +1221,19 @@ func (b *uringBackend) idle(d time.Duration) (woken bool) {
 		woken = true           // or the kernel did: either way, look
 	}
 	b.onEventfd.Store(false)
+	return woken
+}
+
+// nap sleeps on the owner's channel for at most d, and says whether a
+// wake ended the sleep.
+func (b *uringBackend) nap(d time.Duration) (woken bool) {
+	b.timer.Reset(d)
+	select {
+	case <-b.wakeC:
+		woken = true
+	case <-b.timer.C:
+	}
+	b.timer.Stop()
 	return woken
 }
 
