@@ -116,12 +116,12 @@ func TestSlowFilesystem(t *testing.T) {
 }
 
 // TestOwnerGathersCompletions: on a filesystem whose operations take long, an io_uring owner with
-// many in the kernel lets their completions gather before it sleeps on its eventfd, instead of
+// many in the kernel lets their completions gather before it sleeps on the kernel, instead of
 // waking for each. Lookups of n keys are held in FUSE, then answered one every 100 µs: the owners
 // must sleep on the kernel (tier.Stats.KernelSleeps) far fewer times than n, and find every key.
 func TestOwnerGathersCompletions(t *testing.T) {
 	needRoot(t, "FUSE")
-	// One ring of two CPUs: its owner sleeps in io_uring_enter; two: on their eventfds.
+	// One ring of two CPUs (a spare P): its owner sleeps in io_uring_enter; two: on their eventfds.
 	for _, rings := range []int{1, 2} {
 		t.Run(fmt.Sprintf("rings=%d", rings), func(t *testing.T) { testOwnerGathers(t, rings) })
 	}
