@@ -156,9 +156,11 @@ func testOwnerGathers(t *testing.T, rings int) {
 			require.Equal(t, tier.StatusFound, k.Status, "key %d: %v", i, k.Err)
 		}
 	}
-	// Once, all answered together 30 ms on: the owner learns that ops take long here.
+	// Once, all answered together 30 ms on: the owner learns that ops take long here, and sleeps
+	// on the kernel meanwhile (the count counts).
 	rules := hold(1)
 	time.Sleep(30 * time.Millisecond)
+	require.Positive(t, tr.Stats().KernelSleeps, "the owners slept on the kernel while 30 ms passed")
 	for _, r := range rules {
 		r.Remove()
 	}

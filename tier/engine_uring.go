@@ -207,7 +207,7 @@ type uringBackend struct {
 	empty     []int32           // OpsMax times -1, to empty slots with
 	queued    int               // bytes of the reads and writes queued since the last submission
 	quiet     bool              // the ring signals its eventfd only while the owner sleeps on it (idle)
-	gather    bool              // not EngineInfo.Inline, and with an eventfd quiet: gathers
+	remote    bool              // not EngineInfo.Inline, read at set-up (Open rewrites t.engine once the owners run): gatherWindow
 	sumAside  int               // the payload from which a load is judged aside; 0: never
 	aside     []uint8           // by op: asideJudging, asideCanceled (judgeAside), asidePool
 	writesMu  sync.Mutex
@@ -333,6 +333,7 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 		// hands the next step to a kernel worker again).
 		b.hdrLen = blockstore.HeaderSize
 	}
+	b.remote = !t.engine.Inline
 	b.cfg = t.programConfig(dirSet{})
 	b.cfg.AsyncDirectReads = t.engine.LastPageApart
 	b.cfgOpen = b.cfg
@@ -424,14 +425,12 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 			return nil, fmt.Errorf("tier: %w", err)
 		}
 		b.quiet = b.ring.NotifyEventfd(false)
-		b.gather = b.quiet && !t.engine.Inline
 		return b, nil
 	}
 	if b.waker, err = uring.NewWaker(); err != nil {
 		return nil, fmt.Errorf("tier: %w", err)
 	}
 	b.waker.Arm(b.sqe(), wakeUD)
-	b.gather = !t.engine.Inline
 	return b, nil
 }
 
@@ -1256,7 +1255,9 @@ func (b *uringBackend) nap(d time.Duration) (woken bool) {
 // epoll waits a key against 1.9-2.0, 180-185 µs of CPU against 228-233.
 func (b *uringBackend) gatherWindow() time.Duration {
 	n, t := b.awaited(), b.s.opTime
-	if !b.gather || b.broken != nil || n < gatherOps || t < gatherOpTime {
+	// On the eventfd, only with its signals off while the owner is awake
+	// (quiet): otherwise each completion wakes the netpoller anyway.
+	if !b.remote || b.evfd != nil && !b.quiet || b.broken != nil || n < gatherOps || t < gatherOpTime {
 		return 0
 	}
 	return max(gatherMin, min(2*t/time.Duration(n), t/8, gatherMax))

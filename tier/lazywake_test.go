@@ -2,6 +2,7 @@ package tier
 
 import (
 	"errors"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -74,27 +75,31 @@ func TestGatherWindow(t *testing.T) {
 	ms := time.Millisecond
 	for _, c := range []struct {
 		name   string
-		gather bool
+		inline bool   // EngineInfo.Inline
+		state  string // "broken": a broken ring; "loud": an eventfd signalled while the owner runs (not quiet)
 		inUse  int
 		stuck  int
 		opTime time.Duration
-		broken bool
 		want   time.Duration
 	}{
-		{"inline filesystem", false, 64, 0, 400 * ms, false, 0},
-		{"broken ring", true, 64, 0, 400 * ms, true, 0},
-		{"few awaited", true, gatherOps - 1, 0, 400 * ms, false, 0},
-		{"few awaited but stuck", true, 64, 64 - gatherOps + 1, 400 * ms, false, 0},
-		{"quick ops", true, 64, 0, gatherOpTime - 1, false, 0},
-		{"slow ops, many: at most gatherMax", true, 64, 0, 400 * ms, false, gatherMax},
-		{"two completions' time", true, 64, 0, 16 * ms, false, ms / 2},
-		{"an eighth of an op's time", true, gatherOps, 0, 8 * ms, false, ms},
-		{"at least gatherMin", true, 1024, 0, 8 * ms, false, gatherMin},
+		{"inline filesystem", true, "", 64, 0, 400 * ms, 0},
+		{"broken ring", false, "broken", 64, 0, 400 * ms, 0},
+		{"eventfd never quiet", false, "loud", 64, 0, 400 * ms, 0},
+		{"few awaited", false, "", gatherOps - 1, 0, 400 * ms, 0},
+		{"few awaited but stuck", false, "", 64, 64 - gatherOps + 1, 400 * ms, 0},
+		{"quick ops", false, "", 64, 0, gatherOpTime - 1, 0},
+		{"slow ops, many: at most gatherMax", false, "", 64, 0, 400 * ms, gatherMax},
+		{"two completions' time", false, "", 64, 0, 16 * ms, ms / 2},
+		{"an eighth of an op's time", false, "", gatherOps, 0, 8 * ms, ms},
+		{"at least gatherMin", false, "", 1024, 0, 8 * ms, gatherMin},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			b := &uringBackend{gather: c.gather, s: &shard{inUse: c.inUse, stuck: c.stuck, opTime: c.opTime}}
-			if c.broken {
+			b := &uringBackend{remote: !c.inline, s: &shard{inUse: c.inUse, stuck: c.stuck, opTime: c.opTime}}
+			switch c.state {
+			case "broken":
 				b.broken = errors.New("broken")
+			case "loud":
+				b.evfd = os.Stdin // any file: an eventfd that is not quiet
 			}
 			assert.Equal(t, c.want, b.gatherWindow())
 		})

@@ -438,10 +438,14 @@ func TestLatency(t *testing.T) {
 			checkResultLine(t, lines[i], e, w, 16, 4, 0.5)
 			var r struct {
 				LatencyUS struct{ P50 float64 } `json:"latency_us"`
+				Sleeps    uint64                `json:"kernel_sleeps"`
 			}
 			require.NoError(t, json.Unmarshal([]byte(lines[i]), &r))
 			// Every key needs at least a LOOKUP through FUSE, each 2ms late.
 			assert.GreaterOrEqual(t, r.LatencyUS.P50, 2000.0, "%s %s: the latency did not apply", e, w)
+			if e == "uring" {
+				assert.Positive(t, r.Sleeps, "%s: its owners slept on the kernel while ops took 2 ms there", w)
+			}
 		}
 	}
 	out := mustRun(t, "lookup", "--dir", dir, "--keys", "8", "--batch", "4", "--latency", "1ms")
