@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -336,6 +337,11 @@ func (d *driver) submit(req uint64, keys, bufs [][]byte) error {
 	}
 	return nil
 }
+
+// collect runs a garbage collection before a measured stretch, as the
+// testing package does before a benchmark, so that the set-up's garbage (a
+// tier's Open, the key sets) is not collected in it.
+func collect() { runtime.GC() }
 
 // observe records dur, the length of one Lookup, Load, Store or Poll call,
 // in longest and in the caller's maximum.

@@ -158,6 +158,7 @@ func (s *session) runMixed(ctx context.Context, kind tier.EngineKind) ([]*result
 		if s.c.cold {
 			s.dropCaches()
 		}
+		collect()
 		rs := s.runPhase(ctx, tr, phase, streams, &next, s.limits())
 		// The phase's evictions go to its store row, or its first.
 		for i, r := range rs {

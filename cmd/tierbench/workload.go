@@ -217,6 +217,7 @@ func (s *session) runEngine(ctx context.Context, kind tier.EngineKind, names []s
 				s.interval(smp)
 			}
 		}
+		collect()
 		r := drive(ctx, tr, w, depth, bufs, lim)
 		s.label(r, info)
 		r.Stopped = stopped
