@@ -291,26 +291,30 @@ func (s *shard) giveUp() {
 func (s *shard) loop() {
 	for {
 		now := time.Now()
-		abandon, loads := s.intake()
+		abandon, loads, lookups := s.intake()
 		if abandon {
 			s.abandonAll()
 			break
 		}
-		if loads && s.ring && s.aside == 0 && !s.t.engine.LoadsSync {
-			// The caller whose Load woke this owner (one that found none of its
-			// ops in the kernel: enqueue) is likely on this CPU,
-			// preempted by the thread it woke (README): let it finish its
-			// call before the loads' opens and reads run here. (A load
-			// taken in at a completion, which woke no one, yields too.) tierbench
-			// load, 64 KiB O_DIRECT, batches of 16, 5 interleaved rounds:
-			// the Load call's p99.9 118-215 us against 182-406 without;
-			// keys/s 18-23 k against 19-31 k (two rounds without reached
-			// 30 k, none with). Not while loads are judged aside: the
-			// thread woken to run a checksum is then as likely on this
-			// CPU, and a yield to it waits out the checksum. Nor loads on
-			// the store pool (EngineInfo.LoadsSync), which run on no owner.
-			// Raw: as a blocking system call, a yield past 20 µs had the
-			// runtime's sysmon take this P back (uring.Options.RawSubmit).
+		if s.ring && s.aside == 0 && (loads && !s.t.engine.LoadsSync || lookups >= yieldLookups) {
+			// The caller whose Load or Lookup woke this owner (a Load
+			// that found none of its ops in the kernel, every Lookup:
+			// enqueue) is likely on this CPU, preempted by the thread it
+			// woke (docs/performance.md; this VM's kernel spreads no
+			// thread to an idle CPU): let it finish its call before the
+			// loads' opens and reads or the lookups' path walks run
+			// here. (Those taken in at a completion, which woke no one,
+			// yield too.) tierbench load, 64 KiB O_DIRECT, batches of 16,
+			// 5 interleaved rounds: the Load call's p99.9 118-215 us
+			// against 182-406 without; keys/s 18-23 k against 19-31 k
+			// (two rounds without reached 30 k, none with). Lookups of
+			// 1,024 keys: see yieldLookups. Not while loads are judged
+			// aside: the thread woken to run a checksum is then as likely
+			// on this CPU, and a yield to it waits out the checksum. Nor
+			// for loads on the store pool (EngineInfo.LoadsSync), which
+			// run on no owner. Raw: as a blocking system call, a yield
+			// past 20 µs had the runtime's sysmon take this P back
+			// (uring.Options.RawSubmit).
 			unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 		}
 		s.startKeys(now)
@@ -401,11 +405,15 @@ func (s *shard) inboxWaits() bool {
 }
 
 // intake moves new requests and cancels from the inbox, and reports whether
-// Close has given up and whether a load came in.
-func (s *shard) intake() (abandon, loads bool) {
+// Close has given up, whether a load came in, and how many keys the
+// lookups that came in have (on every shard).
+func (s *shard) intake() (abandon, loads bool, lookups int) {
 	s.mu.Lock()
 	for _, r := range s.inbox {
 		loads = loads || r.op == OpLoad
+		if r.op == OpLookup {
+			lookups += r.n()
+		}
 	}
 	s.work = append(s.work, s.inbox...)
 	clear(s.inbox)
@@ -450,8 +458,20 @@ func (s *shard) intake() (abandon, loads bool) {
 		}
 	}
 	s.spareL = learned[:0]
-	return abandon, loads
+	return abandon, loads, lookups
 }
+
+// yieldLookups is how many keys of lookups taken in make an owner yield
+// its CPU first, as loads do (loop): enough that the path walks outlast a
+// call the owner's thread preempted. tierbench lookup --engine all
+// --rounds 3 (batches of 1,024), 8 runs alternating with the code before
+// (4 yielding at every intake of lookups, 4 with this bound): io_uring's
+// longest call 44-265 us against 58-5,750, over 0.9 ms in none of 24
+// rounds against 5; its caller p99.9 under 50 us in 21 rounds against 17;
+// keys a second the same (1.73-2.65x the sync engine against
+// 1.75-2.59x). A round trip of 8 keys (BenchmarkLookupRoundTrip), which
+// the yield made 3-6 us slower in 2 of 3 rounds, does not yield.
+const yieldLookups = 128
 
 // cancelInFlight ends r's part in ops already started: shared lookups drop
 // r at once; loads and stores ask the kernel and report what it answers.
