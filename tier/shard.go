@@ -291,30 +291,21 @@ func (s *shard) giveUp() {
 func (s *shard) loop() {
 	for {
 		now := time.Now()
-		abandon, loads, lookups := s.intake()
+		abandon, yield := s.intake()
 		if abandon {
 			s.abandonAll()
 			break
 		}
-		if s.ring && s.aside == 0 && (loads && !s.t.engine.LoadsSync || lookups >= yieldLookups) {
-			// The caller whose Load or Lookup woke this owner (a Load
-			// that found none of its ops in the kernel, every Lookup:
-			// enqueue) is likely on this CPU, preempted by the thread it
-			// woke (docs/performance.md; this VM's kernel spreads no
-			// thread to an idle CPU): let it finish its call before the
-			// loads' opens and reads or the lookups' path walks run
-			// here. (Those taken in at a completion, which woke no one,
-			// yield too.) tierbench load, 64 KiB O_DIRECT, batches of 16,
-			// 5 interleaved rounds: the Load call's p99.9 118-215 us
-			// against 182-406 without; keys/s 18-23 k against 19-31 k
-			// (two rounds without reached 30 k, none with). Lookups of
-			// 1,024 keys: see yieldLookups. Not while loads are judged
+		if yield && s.ring && s.aside == 0 {
+			// The caller whose call woke this owner is likely on this
+			// CPU, preempted by the thread it woke (docs/performance.md:
+			// this VM's kernel moves no thread to an idle CPU): let it
+			// finish its call before this owner's work runs here (what
+			// intake took in says when). Not while loads are judged
 			// aside: the thread woken to run a checksum is then as likely
-			// on this CPU, and a yield to it waits out the checksum. Nor
-			// for loads on the store pool (EngineInfo.LoadsSync), which
-			// run on no owner. Raw: as a blocking system call, a yield
-			// past 20 µs had the runtime's sysmon take this P back
-			// (uring.Options.RawSubmit).
+			// on this CPU, and a yield to it waits out the checksum. Raw:
+			// as a blocking system call, a yield past 20 µs had the
+			// runtime's sysmon take this P back (uring.Options.RawSubmit).
 			unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 		}
 		s.startKeys(now)
@@ -405,16 +396,39 @@ func (s *shard) inboxWaits() bool {
 }
 
 // intake moves new requests and cancels from the inbox, and reports whether
-// Close has given up, whether a load came in, and how many keys the
-// lookups that came in have (on every shard).
-func (s *shard) intake() (abandon, loads bool, lookups int) {
+// Close has given up and whether the owner should yield its CPU before it
+// starts them (loop): for loads (not on the store pool, EngineInfo.LoadsSync,
+// where they run on no owner), for stores, and for lookups of yieldLookups
+// keys or more. (Requests taken in at a completion, which woke no one,
+// yield too.) Each measured with tierbench on ext4, io_uring against the
+// code before, runs alternating. Loads (64 KiB O_DIRECT, batches of 16, 5
+// rounds): the Load call's p99.9 118-215 us against 182-406; keys/s
+// 18-23 k against 19-31 k (two rounds without reached 30 k, none with).
+// Lookups (batches of 1,024, --engine all --rounds 3, 8 runs, 4 yielding
+// at every intake of lookups, 4 with yieldLookups): the longest call
+// 44-265 us against 58-5,750, over 0.9 ms in none of 24 rounds against
+// 5; caller p99.9 under 50 us in 21 rounds against 17; keys a second the
+// same (1.73-2.65x the sync engine against 1.75-2.59x). Stores (64 KiB
+// O_DIRECT, batches of 16, on a nodiscard loop ext4, --engine all --rounds
+// 3, 8 runs): the longest call over 0.9 ms in none of 24 rounds against
+// 4 (up to 8.8 ms), 111 against 188 us at the median; caller p99.9 62
+// against 55 us at the median, under 50 us in 9 rounds either way; keys a
+// second 1.18-1.54x the sync engine against 1.10-1.43x, CPU a store the
+// same.
+func (s *shard) intake() (abandon, yield bool) {
 	s.mu.Lock()
+	lookups := 0
 	for _, r := range s.inbox {
-		loads = loads || r.op == OpLoad
-		if r.op == OpLookup {
+		switch r.op {
+		case OpLoad:
+			yield = yield || !s.t.engine.LoadsSync
+		case OpStore:
+			yield = true
+		case OpLookup:
 			lookups += r.n()
 		}
 	}
+	yield = yield || lookups >= yieldLookups
 	s.work = append(s.work, s.inbox...)
 	clear(s.inbox)
 	s.inbox = s.inbox[:0]
@@ -458,19 +472,14 @@ func (s *shard) intake() (abandon, loads bool, lookups int) {
 		}
 	}
 	s.spareL = learned[:0]
-	return abandon, loads, lookups
+	return abandon, yield
 }
 
-// yieldLookups is how many keys of lookups taken in make an owner yield
-// its CPU first, as loads do (loop): enough that the path walks outlast a
-// call the owner's thread preempted. tierbench lookup --engine all
-// --rounds 3 (batches of 1,024), 8 runs alternating with the code before
-// (4 yielding at every intake of lookups, 4 with this bound): io_uring's
-// longest call 44-265 us against 58-5,750, over 0.9 ms in none of 24
-// rounds against 5; its caller p99.9 under 50 us in 21 rounds against 17;
-// keys a second the same (1.73-2.65x the sync engine against
-// 1.75-2.59x). A round trip of 8 keys (BenchmarkLookupRoundTrip), which
-// the yield made 3-6 us slower in 2 of 3 rounds, does not yield.
+// yieldLookups is how many keys of lookups taken in (on every shard) make
+// an owner yield its CPU (intake): enough that the path walks outlast a
+// call the owner's thread preempted. A round trip of 8 keys
+// (BenchmarkLookupRoundTrip), which a yield made 3-6 us slower in 2 of 3
+// rounds, does not yield.
 const yieldLookups = 128
 
 // cancelInFlight ends r's part in ops already started: shared lookups drop
