@@ -202,8 +202,9 @@ func BenchmarkLookup(b *testing.B) {
 // BenchmarkSyscall is what entering the kernel costs here: getppid(2) in
 // a loop, ns/op. BenchmarkLookup's loops and pools pay it once a key,
 // io_uring once a chunk of keys, so their ratio moves with it from host
-// to host (README: about 1 µs on a VM whose kernel runs with page-table
-// isolation, against the 1.7-3.1 µs of a whole warm lookup).
+// to host (docs/performance.md: about 1 µs on a VM whose kernel runs
+// with page-table isolation, against the 1.7-3.1 µs of a whole warm
+// lookup).
 func BenchmarkSyscall(b *testing.B) {
 	for b.Loop() {
 		unix.RawSyscall(unix.SYS_GETPPID, 0, 0, 0)

@@ -77,8 +77,8 @@ const (
 // ringWrite is a write of a store's file that a worker of the store pool
 // asks its owner to make on the ring: an O_DIRECT store's write, which
 // would otherwise block the worker's thread for as long as the device
-// takes (README, "the caller's longest calls"). A worker has one; the
-// owner answers it on res.
+// takes (docs/performance.md, "the caller's longest calls"). A worker
+// has one; the owner answers it on res.
 type ringWrite struct {
 	o      *op // the store
 	fd     int

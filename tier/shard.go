@@ -204,15 +204,15 @@ func (s *shard) enqueue(r *request) {
 		// the owner, which takes in the inbox at every turn of its loop,
 		// at least every lazyWake meanwhile: no wake-up (an eventfd
 		// write) in the caller's call, whose woken thread would take the
-		// caller's CPU (README; a Go execution trace of a 1.1 ms Load
-		// call put all of it inside that write). 64 KiB O_DIRECT stores,
-		// batches of 16: the Store call's p99.9 fell from 1.4-5.6 ms to
-		// 0.15-0.76 ms (8 interleaved rounds), keys/s and store latency
-		// unchanged. Loads alike (tierbench load, 5 interleaved rounds):
-		// the Load call's p99.9 64 us against 422 at the median, lower
-		// in every round; 1.14x the keys a second (0.80-1.39). Not
-		// lookups, whose batches are the scheduler's question of the
-		// moment. Behind a hung probe, a store still fails fast
+		// caller's CPU (docs/performance.md; a Go execution trace of a
+		// 1.1 ms Load call put all of it inside that write). 64 KiB
+		// O_DIRECT stores, batches of 16: the Store call's p99.9 fell
+		// from 1.4-5.6 ms to 0.15-0.76 ms (8 interleaved rounds), keys/s
+		// and store latency unchanged. Loads alike (tierbench load, 5
+		// interleaved rounds): the Load call's p99.9 64 us against 422
+		// at the median, lower in every round; 1.14x the keys a second
+		// (0.80-1.39). Not lookups, whose batches are the scheduler's
+		// question of the moment. Behind a hung probe, a store still fails fast
 		// (linux_test.TestHungFilesystem). Not the sync engine, whose
 		// wake is a channel send: with the lazyWake timer its owner then
 		// kept armed, its page-cache loads of 2 MiB ran at 0.80-0.89 of
@@ -406,7 +406,7 @@ func (s *shard) inboxWaits() bool {
 // 18-23 k against 19-31 k (two rounds without reached 30 k, none with).
 // Lookups (batches of 1,024, --engine all --rounds 3, 8 runs, 4 yielding
 // at every intake of lookups, 4 with yieldLookups): the longest call
-// 44-265 us against 58-5,750, over 0.9 ms in none of 24 rounds against
+// 44-265 us against 45-5,750, over 0.9 ms in none of 24 rounds against
 // 5; caller p99.9 under 50 us in 21 rounds against 17; keys a second the
 // same (1.73-2.65x the sync engine against 1.75-2.59x). Stores (64 KiB
 // O_DIRECT, batches of 16, on a nodiscard loop ext4, --engine all --rounds

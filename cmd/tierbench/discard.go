@@ -47,7 +47,7 @@ func discardOn(ms []mountinfo.Mount, dev string) (source string, discard bool, e
 
 // noteDiscard notes when the data set's filesystem is mounted with
 // discard: deleting blocks then sends the device TRIMs, and store runs
-// after deletes slow down one after another (README, on store figures).
+// after deletes slow down one after another (docs/performance.md).
 func (s *session) noteDiscard() {
 	if src, on, err := discardMount(s.backing); err == nil && on {
 		s.note("%s is on %s, mounted with discard: deletes send the device TRIMs, and store figures fall from run to run after them; for store figures that compare, use a filesystem mounted nodiscard", s.backing, src)
