@@ -250,7 +250,8 @@ type Options struct {
 	// pool's: 0.87-0.96x) and the p99 of lookups and loads beside them
 	// 1.15-1.43x their own without the stores (the pool's: 0.81-0.95x;
 	// docs/performance.md). Stores on FUSE, NFS and unknown
-	// filesystems stay on the rings, where no thread blocks per file. (On tmpfs loads run on that pool too, whatever this says:
+	// filesystems stay on the rings, where no thread blocks per file.
+	// (On tmpfs loads run on that pool too, whatever this says:
 	// EngineInfo.LoadsSync.)
 	StoresOnRing bool
 	// NoDirect turns O_DIRECT off for loads and stores even where it

@@ -212,8 +212,8 @@ func (s *shard) enqueue(r *request) {
 		// interleaved rounds): the Load call's p99.9 64 us against 422
 		// at the median, lower in every round; 1.14x the keys a second
 		// (0.80-1.39). Not lookups, whose batches are the scheduler's
-		// question of the moment. Behind a hung probe, a store still fails fast
-		// (linux_test.TestHungFilesystem). Not the sync engine, whose
+		// question of the moment. Behind a hung probe, a store still
+		// fails fast (linux_test.TestHungFilesystem). Not the sync engine, whose
 		// wake is a channel send: with the lazyWake timer its owner then
 		// kept armed, its page-cache loads of 2 MiB ran at 0.80-0.89 of
 		// the code before the lazy wake, and at 0.90-1.08 without it (5
