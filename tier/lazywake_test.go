@@ -105,3 +105,38 @@ func TestGatherWindow(t *testing.T) {
 		})
 	}
 }
+
+// TestIntakeYields: an owner yields its CPU before it starts what it took
+// in (loop) for loads (not on the store pool), for stores, and for lookups
+// of yieldLookups keys or more in all; not for fewer lookup keys (a round
+// trip of a few) nor for deletes alone.
+func TestIntakeYields(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		ops       []Op // one request each
+		keys      int  // keys a request
+		loadsSync bool // EngineInfo.LoadsSync
+		want      bool
+	}{
+		{"a lookup of 8 keys", []Op{OpLookup}, 8, false, false},
+		{"lookups just under yieldLookups", []Op{OpLookup, OpLookup}, yieldLookups/2 - 1, false, false},
+		{"lookups of yieldLookups keys in all", []Op{OpLookup, OpLookup}, yieldLookups / 2, false, true},
+		{"a store", []Op{OpStore}, 1, false, true},
+		{"a load", []Op{OpLoad}, 1, false, true},
+		{"a load on the store pool", []Op{OpLoad}, 1, true, false},
+		{"a store beside loads on the store pool", []Op{OpLoad, OpStore}, 1, true, true},
+		{"a delete", []Op{OpDelete}, 16, false, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tr := &Tier{opts: Options{OpsMax: 4}, engine: EngineInfo{Kind: EngineURing, LoadsSync: c.loadsSync}}
+			s := newShard(tr, 0)
+			for _, op := range c.ops {
+				s.inbox = append(s.inbox, &request{op: op, keyEnd: make([]int32, c.keys)})
+			}
+			abandon, yield := s.intake()
+			assert.False(t, abandon)
+			assert.Equal(t, c.want, yield)
+			assert.Len(t, s.work, len(c.ops), "every request taken in")
+		})
+	}
+}
