@@ -73,6 +73,7 @@ func TestBrokenRingFailsTheTier(t *testing.T) {
 // the ring's failure answering them, the pool's workers would wait for
 // the writes forever.
 func TestBrokenRingFailsPoolWrites(t *testing.T) {
+	allRingWrites(t)
 	armed, fired := faultSubmissions(t)
 	const n = 4
 	dir := t.TempDir()
@@ -103,6 +104,7 @@ func TestBrokenRingFailsPoolWrites(t *testing.T) {
 // broken ring never reaps the write that may still read it; no temporary
 // file stays, and Close returns.
 func TestBrokenRingHoldsTakenPoolWrites(t *testing.T) {
+	allRingWrites(t)
 	var ring atomic.Pointer[uring.Ring] // armed: the ring to break
 	var taken atomic.Int64
 	ringFault = func(sqes uint32) error {

@@ -211,7 +211,7 @@ func (p *syncPool) run(prog *blockstore.Program, o *op, hdr []byte, w *ringWrite
 		return StatusFailed, err
 	}
 	dir := p.ns.currentAt(o.started)
-	onRing := w != nil && o.kind == OpStore && direct
+	onRing := w != nil && o.kind == OpStore && direct && o.ringWrite
 	if onRing {
 		w.o, w.broken = o, nil
 	}

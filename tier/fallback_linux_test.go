@@ -120,6 +120,7 @@ var notInConformanceSuite = map[string]string{
 	"TestStoresSync":                             "it counts the io_uring engine's SQEs for stores on and off its rings",
 	"TestStoresOnRing":                           "it runs tests of the suite with the io_uring engine's stores on its rings",
 	"TestCloseWithRingWritesInFlight":            "it watches the io_uring engine's store pool hand writes to its rings",
+	"TestFewStoresWriteThemselves":               "it watches which stores the io_uring engine's store pool writes on its rings",
 	"TestStoresWriteOnRing":                      "it runs tests of the suite with the io_uring engine's O_DIRECT store writes on its rings",
 	"TestStuckPooledStore":                       "it holds a store on the io_uring engine's store pool",
 	"TestLoadsSyncOnTmpfs":                       "it counts the io_uring engine's SQEs for loads on a tmpfs",

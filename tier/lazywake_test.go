@@ -107,9 +107,9 @@ func TestGatherWindow(t *testing.T) {
 }
 
 // TestIntakeYields: an owner yields its CPU before it starts what it took
-// in (loop) for loads (not on the store pool), for stores, and for lookups
-// of yieldLookups keys or more in all; not for fewer lookup keys (a round
-// trip of a few) nor for deletes alone.
+// in (loop) for loads (not on the store pool), and for stores of
+// yieldStores and lookups of yieldLookups keys or more in all; not for
+// fewer store or lookup keys (a round trip of a few) nor for deletes alone.
 func TestIntakeYields(t *testing.T) {
 	for _, c := range []struct {
 		name      string
@@ -121,10 +121,12 @@ func TestIntakeYields(t *testing.T) {
 		{"a lookup of 8 keys", []Op{OpLookup}, 8, false, false},
 		{"lookups just under yieldLookups", []Op{OpLookup, OpLookup}, yieldLookups/2 - 1, false, false},
 		{"lookups of yieldLookups keys in all", []Op{OpLookup, OpLookup}, yieldLookups / 2, false, true},
-		{"a store", []Op{OpStore}, 1, false, true},
+		{"a store of 1 key", []Op{OpStore}, 1, false, false},
+		{"stores just under yieldStores", []Op{OpStore}, yieldStores - 1, false, false},
+		{"stores of yieldStores keys in all", []Op{OpStore, OpStore}, yieldStores / 2, false, true},
 		{"a load", []Op{OpLoad}, 1, false, true},
 		{"a load on the store pool", []Op{OpLoad}, 1, true, false},
-		{"a store beside loads on the store pool", []Op{OpLoad, OpStore}, 1, true, true},
+		{"stores beside loads on the store pool", []Op{OpLoad, OpStore}, yieldStores, true, true},
 		{"a delete", []Op{OpDelete}, 16, false, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {

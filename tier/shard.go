@@ -56,6 +56,7 @@ type op struct {
 	abandoned bool // every waiter timed out: stuck until the kernel answers
 	canceled  bool // cancel was asked of the backend
 	probe     bool // the circuit breaker's probe
+	ringWrite bool // an O_DIRECT store on the store pool makes its write on the ring (uringBackend.start)
 
 	status Status // outcome, set by the backend
 	err    error
@@ -400,9 +401,9 @@ func (s *shard) inboxWaits() bool {
 // starts them (loop): for loads (not on the store pool, EngineInfo.LoadsSync,
 // where they run on no owner: on tmpfs, 4 runs of tierbench load --engine
 // all --rounds 3 alternating, a yield made 1.02-1.05x the sync engine's
-// keys a second against 1.06x, with no shorter longest call), for stores,
-// and for lookups of yieldLookups keys or more. (Requests taken in at a completion, which woke no one,
-// yield too.) Each measured with tierbench on ext4, io_uring against the
+// keys a second against 1.06x, with no shorter longest call), for stores
+// of yieldStores keys or more, and for lookups of yieldLookups keys or
+// more. (Requests taken in at a completion, which woke no one, yield too.) Each measured with tierbench on ext4, io_uring against the
 // code before, runs alternating. Loads (64 KiB O_DIRECT, batches of 16, 5
 // rounds): the Load call's p99.9 118-215 us against 182-406; keys/s
 // 18-23 k against 19-31 k (two rounds without reached 30 k, none with).
@@ -419,18 +420,18 @@ func (s *shard) inboxWaits() bool {
 // same.
 func (s *shard) intake() (abandon, yield bool) {
 	s.mu.Lock()
-	lookups := 0
+	lookups, stores := 0, 0
 	for _, r := range s.inbox {
 		switch r.op {
 		case OpLoad:
 			yield = yield || !s.t.engine.LoadsSync
 		case OpStore:
-			yield = true
+			stores += r.n()
 		case OpLookup:
 			lookups += r.n()
 		}
 	}
-	yield = yield || lookups >= yieldLookups
+	yield = yield || lookups >= yieldLookups || stores >= yieldStores
 	s.work = append(s.work, s.inbox...)
 	clear(s.inbox)
 	s.inbox = s.inbox[:0]
@@ -483,6 +484,14 @@ func (s *shard) intake() (abandon, yield bool) {
 // (BenchmarkLookupRoundTrip), which a yield made 3-6 us slower in 2 of 3
 // rounds, does not yield.
 const yieldLookups = 128
+
+// yieldStores is how many keys of stores taken in make an owner yield its
+// CPU (intake). One store a request does not: the owner's start of it is
+// a channel send, and its yield made a store's latency 3.5-3.7 ms at p99
+// against the sync engine's 2.5 (tierbench store --batch 1 --depth 4 on a
+// nodiscard loop ext4, 3 runs of 3 rounds; 2.5 ms without the yield): the
+// yielded owner waited behind other threads of its CPU.
+const yieldStores = 4
 
 // cancelInFlight ends r's part in ops already started: shared lookups drop
 // r at once; loads and stores ask the kernel and report what it answers.

@@ -25,6 +25,7 @@ import (
 // ring. (TestDirectBypassesPageCache shows the pool's O_DIRECT stores
 // leave nothing in the page cache.)
 func TestStoresSync(t *testing.T) {
+	allRingWrites(t)
 	var sqes atomic.Int64
 	ringFault = func(n uint32) error {
 		sqes.Add(int64(n))
@@ -117,6 +118,7 @@ func TestStoresOnRing(t *testing.T) {
 // store pool runs but for their writes, made on the rings. Each test must
 // have made some such writes.
 func TestStoresWriteOnRing(t *testing.T) {
+	allRingWrites(t)
 	testAligned = true
 	t.Cleanup(func() { testAligned = false })
 	var writes atomic.Int64
@@ -142,6 +144,7 @@ func TestStoresWriteOnRing(t *testing.T) {
 // started), each stored block reads back whole, and no temporary file is
 // left.
 func TestCloseWithRingWritesInFlight(t *testing.T) {
+	allRingWrites(t)
 	var writes atomic.Int64
 	asked := make(chan struct{})
 	ringWriteAsked = func(*op) {
@@ -184,6 +187,50 @@ func TestCloseWithRingWritesInFlight(t *testing.T) {
 	}
 	assert.Positive(t, stored, "no store finished")
 	assertNoTempFiles(t, tr)
+}
+
+// allRingWrites has every O_DIRECT store on an io_uring engine's store
+// pool make its write on the ring for the rest of the test, however few
+// the pool holds (ringWriteMin 0). Called before the test opens a tier.
+func allRingWrites(t *testing.T) {
+	old := ringWriteMin
+	ringWriteMin = 0
+	t.Cleanup(func() { ringWriteMin = old })
+}
+
+// TestFewStoresWriteThemselves: an O_DIRECT store started while its
+// owner's store pool holds ringWriteMin ops or fewer makes its write on
+// the pool's thread, and one started while it holds more on the ring: of a
+// request of ringWriteMin+3 stores on one ring, all started at once, the
+// last 3 write on the ring; a store alone does not. Every block reads
+// back whole.
+func TestFewStoresWriteThemselves(t *testing.T) {
+	var writes atomic.Int64
+	ringWriteAsked = func(*op) { writes.Add(1) }
+	t.Cleanup(func() { ringWriteAsked = nil })
+	require.Positive(t, ringWriteMin)
+	n := ringWriteMin + 3
+	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.Rings, o.Buffers = 1, n })
+	require.True(t, tr.Engine().StoresSync && tr.Engine().Direct, "O_DIRECT stores on the store pool: %+v", tr.Engine())
+	bufs := tr.Buffers()
+	for i := range bufs {
+		copy(bufs[i], testPayload(i))
+	}
+	require.NoError(t, tr.Store(1, testKeys(seq(0, n)...), bufs))
+	for i, k := range await(t, tr, 1)[1].Keys {
+		require.Equal(t, StatusStored, k.Status, "store %d: %v", i, k.Err)
+	}
+	assert.EqualValues(t, 3, writes.Load(), "writes on the ring of %d stores started at once", n)
+	writes.Store(0)
+	require.NoError(t, tr.Store(2, testKeys(n), bufs[:1]))
+	require.Equal(t, StatusStored, await(t, tr, 2)[2].Keys[0].Status)
+	assert.Zero(t, writes.Load(), "a store alone wrote on the ring")
+	for i := range n + 1 {
+		got := make([]byte, testBlockSize)
+		_, err := tr.BlockStore().Get(tr.Namespace(), testKey(i), got)
+		require.NoError(t, err)
+		require.Equal(t, testPayload(i%n), got, "block %d", i)
+	}
 }
 
 // countPooled counts, for the rest of the test, the ops of kind that run
