@@ -45,9 +45,10 @@ import (
 // bound, take the caller's CPU; so the owner passes stores, O_DIRECT ones
 // too, to its store pool (a syncPool, EngineInfo.StoresSync), whose
 // goroutines make the calls and wake it when they finish, all but an
-// O_DIRECT store's write: the worker hands that back to the owner's ring
-// (ringWrite), into blocks it allocated first, and parks until the owner
-// answers; no thread waits for the device. On tmpfs, whose
+// O_DIRECT store's write while many are in flight (ringWriteMin): the
+// worker hands that back to the owner's ring (ringWrite), into blocks it
+// allocated first, and parks until the owner answers; no thread waits for
+// the device. On tmpfs, whose
 // files do not take IOCB_NOWAIT, every read would go to a kernel worker
 // too: loads go to the pool there as well (EngineInfo.LoadsSync).
 //
@@ -77,9 +78,9 @@ const (
 // ringWrite is a write of a store's file that a worker of the store pool
 // asks its owner to make on the ring: an O_DIRECT store's write, which
 // would otherwise block the worker's thread for as long as the device
-// takes (docs/performance.md, "the caller's longest calls"), when the
-// pool holds more than ringWriteMin ops. A worker has one; the owner
-// answers it on res.
+// takes (docs/performance.md, "the caller's longest calls"), when more
+// than ringWriteMin stores are on the tier's store pools. A worker has
+// one; the owner answers it on res.
 type ringWrite struct {
 	o      *op // the store
 	fd     int
@@ -107,20 +108,25 @@ func (b *uringBackend) ringWrite(w *ringWrite) int32 {
 	return <-w.res
 }
 
-// ringWriteMin is how many ops an owner's store pool holds (started and
-// not yet taken back) at most for an O_DIRECT store it starts to make its
-// write itself, blocking its thread, as the sync engine's workers do; a
-// store started while the pool holds more writes on the ring. With few
-// stores in flight a write on the ring costs more than a thread that
-// waits for the device: its worker wakes the owner, whose ring completes
+// ringWriteMin is how many stores the tier's store pools hold, all rings'
+// together (Tier.poolStores), at most for an O_DIRECT store started then to
+// make its write on its worker's thread, blocking it, as the sync engine's
+// workers do; one started while they hold more writes on its ring. With
+// few stores in flight a write on the ring costs more than a thread that
+// waits for the device: the worker wakes the owner, whose ring completes
 // the write in a thread that then wakes the worker, where a pwrite wakes
-// its thread alone. tierbench store --batch 1 --depth 4 (a nodiscard loop
-// ext4; 4 runs of 3 rounds alternating with every write on the ring):
-// 0.99x the sync engine's keys a second at the median of runs (0.94-1.07)
-// against 0.89x (0.81-0.96), at 1.00-1.11x its CPU a store against
-// 1.16-1.44x, the median store 348 against 512 us (the sync engine's 340
-// and 393). Tests set it to 0: every O_DIRECT store's write on the ring.
-var ringWriteMin = 4
+// its own thread. tierbench store --engine all --rounds 3 (64 KiB, a
+// nodiscard loop ext4), 3 runs of each shape alternating with every write
+// on the ring, io_uring's keys a second ÷ the sync engine's: one key a
+// request at depth 4 1.01-1.16x against 0.78-0.88x, at 0.94-1.08x its CPU
+// a store against 1.16-1.52x; 4 keys a request 1.05-1.20x against
+// 1.09-1.16x; one key at depth 16 1.17-1.25x against 1.16-1.29x; batches
+// of 16 1.40-1.69x against 1.25-1.40x; no Store or Poll call over 1 ms in
+// those 36 rounds against 4. Counted over all rings: a ring's own count
+// swings with how the keys fall, and at 16 stores in flight made 0.99-1.12x
+// against 1.13-1.26x (one key at depth 16), 1.01x against 1.17x (4 keys).
+// Tests set it to 0: every O_DIRECT store's write on the ring.
+var ringWriteMin int32 = 4
 
 // ringWriteAsked, when set (by tests), is called by a store pool's worker
 // as it asks its owner for a write.
@@ -618,7 +624,9 @@ func (b *uringBackend) start(i int32, o *op, done []int32) []int32 {
 	} else if b.pooled(o) {
 		b.aside[i] = asidePool
 		b.nPooled++
-		o.ringWrite = b.nPooled > ringWriteMin
+		if o.kind == OpStore {
+			o.ringWrite = b.t.poolStores.Add(1) > ringWriteMin
+		}
 		b.pool.send(i)
 	} else if err := p.Start(cfg, programOp[o.kind], o.keyBytes(), o.buf, b.scratch(i, o), b.direct && aligned(o.buf)); err != nil {
 		o.status, o.err = StatusFailed, err
@@ -1150,6 +1158,9 @@ func (b *uringBackend) takePooled() {
 	b.doneQ = b.pool.finished(b.doneQ)
 	for _, i := range b.doneQ[n:] {
 		b.aside[i] = 0
+		if b.s.ops[i].kind == OpStore {
+			b.t.poolStores.Add(-1)
+		}
 	}
 	b.nPooled -= len(b.doneQ) - n
 }

@@ -240,7 +240,8 @@ type Options struct {
 	// local filesystem (EngineInfo.Inline) too. By default they run there,
 	// O_DIRECT ones too, as plain system calls on a pool of goroutines per
 	// ring (SyncWorkers in all, EngineInfo.StoresSync; but an O_DIRECT
-	// store's write, which goes back to the ring): a store's O_CREAT
+	// store's write while many are in flight, which goes back to the
+	// ring): a store's O_CREAT
 	// open, its rename and any mkdir always go from the ring to a kernel
 	// worker, a hand-off and a few context switches each, which cost more
 	// CPU than the calls themselves, and the workers, which Go's Ps do not

@@ -198,18 +198,18 @@ func allRingWrites(t *testing.T) {
 	t.Cleanup(func() { ringWriteMin = old })
 }
 
-// TestFewStoresWriteThemselves: an O_DIRECT store started while its
-// owner's store pool holds ringWriteMin ops or fewer makes its write on
-// the pool's thread, and one started while it holds more on the ring: of a
-// request of ringWriteMin+3 stores on one ring, all started at once, the
-// last 3 write on the ring; a store alone does not. Every block reads
+// TestFewStoresWriteThemselves: an O_DIRECT store started while the
+// tier's store pools hold ringWriteMin stores or fewer makes its write on
+// its worker's thread, and one started while they hold more on the ring:
+// of a request of ringWriteMin+3 stores on one ring, all started at once,
+// the last 3 write on the ring; a store alone does not. Every block reads
 // back whole.
 func TestFewStoresWriteThemselves(t *testing.T) {
 	var writes atomic.Int64
 	ringWriteAsked = func(*op) { writes.Add(1) }
 	t.Cleanup(func() { ringWriteAsked = nil })
 	require.Positive(t, ringWriteMin)
-	n := ringWriteMin + 3
+	n := int(ringWriteMin) + 3
 	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.Rings, o.Buffers = 1, n })
 	require.True(t, tr.Engine().StoresSync && tr.Engine().Direct, "O_DIRECT stores on the store pool: %+v", tr.Engine())
 	bufs := tr.Buffers()

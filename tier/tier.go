@@ -56,6 +56,7 @@ type Tier struct {
 	cacheEpoch atomic.Uint64         // bumped to empty every shard's lookup cache
 	spread     atomic.Uint64         // runs of loads dealt so far: where dealLoad starts looking, so that ties go round
 	draining   atomic.Int32          // Close, and owners still waiting for the kernel after it: the last frees the buffers
+	poolStores atomic.Int32          // stores on the io_uring engine's store pools, all rings' (ringWriteMin)
 	broken     atomic.Pointer[error] // set once when an engine fails (ErrBroken): submits return it
 
 	evictor   *evictor      // with a capacity; nil otherwise
@@ -97,9 +98,12 @@ type EngineInfo struct {
 	// ones too, as plain system calls on a pool of goroutines (SyncWorkers
 	// in all), as the sync engine does: on a local filesystem (Inline),
 	// unless Options.StoresOnRing. An O_DIRECT store's write (Direct) is
-	// the exception, but on tmpfs (LoadsSync): the pool allocates the
-	// file's blocks and the write goes on the ring, its goroutine parked
-	// meanwhile, so that no thread waits for the device.
+	// the exception while more than 4 stores are on the pools, but on
+	// tmpfs (LoadsSync): the pool allocates the file's blocks and the
+	// write goes on the ring, its goroutine parked meanwhile, so that no
+	// thread waits for the device. With fewer in flight a pool's thread
+	// waits for its write, as the sync engine's do: cheaper than the
+	// hand-offs.
 	StoresSync bool
 	// LoadsSync says whether the io_uring engine runs loads on that pool
 	// too: on tmpfs, whose files do not take IOCB_NOWAIT, so that every

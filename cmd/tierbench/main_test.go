@@ -116,7 +116,7 @@ func TestDefaultRunTiny(t *testing.T) {
 	assert.Regexp(t, `(?m)^sync: plain syscalls`, out)
 	if strings.Contains(out, "uring: ") {
 		assert.Regexp(t, `(?m)^\s*uring\s+lookup\s+8\s+96\s`, out)
-		assert.Regexp(t, `(?m)^uring: io_uring, \d+ rings?, setup flags \S+; (stores as plain syscalls on a pool of goroutines(, their writes on the rings)? \(a local filesystem\)|loads and stores as plain syscalls on a pool of goroutines \(tmpfs\)); loads and stores (with O_DIRECT|through the page cache \(.+\))$`, out)
+		assert.Regexp(t, `(?m)^uring: io_uring, \d+ rings?, setup flags \S+; (stores as plain syscalls on a pool of goroutines(, their writes on the rings when many are in flight)? \(a local filesystem\)|loads and stores as plain syscalls on a pool of goroutines \(tmpfs\)); loads and stores (with O_DIRECT|through the page cache \(.+\))$`, out)
 	}
 	entries, err := os.ReadDir(tmp)
 	require.NoError(t, err)
@@ -463,7 +463,7 @@ func TestEngineLine(t *testing.T) {
 		want                  string
 	}{
 		{false, false, true, "; loads and stores with O_DIRECT"},
-		{true, false, true, "; stores as plain syscalls on a pool of goroutines, their writes on the rings (a local filesystem); "},
+		{true, false, true, "; stores as plain syscalls on a pool of goroutines, their writes on the rings when many are in flight (a local filesystem); "},
 		{true, false, false, "; stores as plain syscalls on a pool of goroutines (a local filesystem); "},
 		{true, true, false, "; loads and stores as plain syscalls on a pool of goroutines (tmpfs); "},
 		{false, true, false, "; loads as plain syscalls on a pool of goroutines (tmpfs); "},

@@ -250,7 +250,7 @@ func engineLine(e tier.EngineInfo) string {
 		case e.LoadsSync:
 			b.WriteString("loads as plain syscalls on a pool of goroutines (tmpfs); ")
 		case e.StoresSync && e.Direct: // on tmpfs (LoadsSync) the writes stay on the pool
-			b.WriteString("stores as plain syscalls on a pool of goroutines, their writes on the rings (a local filesystem); ")
+			b.WriteString("stores as plain syscalls on a pool of goroutines, their writes on the rings when many are in flight (a local filesystem); ")
 		case e.StoresSync:
 			b.WriteString("stores as plain syscalls on a pool of goroutines (a local filesystem); ")
 		}

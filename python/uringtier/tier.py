@@ -110,7 +110,7 @@ class EngineInfo:
     no_direct: str  #: why not, when direct is False
     fs: str  #: the filesystem under the namespace directory
     inline: bool  #: reads and writes may complete in the owner thread
-    stores_sync: bool  #: stores run as plain syscalls on a pool of goroutines (a local filesystem), their O_DIRECT writes on the rings
+    stores_sync: bool  #: stores run as plain syscalls on a pool of goroutines (a local filesystem), their O_DIRECT writes on the rings when many are in flight
     loads_sync: bool  #: loads run on that pool too (tmpfs)
     last_page_apart: bool  #: O_DIRECT loads read each block's last page apart first (a FUSE server that miscounts reads at a file's end)
 
