@@ -403,8 +403,9 @@ func (s *shard) inboxWaits() bool {
 // all --rounds 3 alternating, a yield made 1.02-1.05x the sync engine's
 // keys a second against 1.06x, with no shorter longest call), for stores
 // of yieldStores keys or more, and for lookups of yieldLookups keys or
-// more. (Requests taken in at a completion, which woke no one, yield too.) Each measured with tierbench on ext4, io_uring against the
-// code before, runs alternating. Loads (64 KiB O_DIRECT, batches of 16, 5
+// more. (Requests taken in at a completion, which woke no one, yield
+// too.) Each measured with tierbench on ext4, io_uring against the code
+// before, runs alternating. Loads (64 KiB O_DIRECT, batches of 16, 5
 // rounds): the Load call's p99.9 118-215 us against 182-406; keys/s
 // 18-23 k against 19-31 k (two rounds without reached 30 k, none with).
 // Lookups (batches of 1,024, --engine all --rounds 3, 8 runs, 4 yielding
