@@ -203,21 +203,21 @@ func (s *shard) enqueue(r *request) {
 	if r.op != OpLookup && s.awaitsCompletions() && s.be.wakeCalls() {
 		// Loads, stores and deletes wait for the next completion to wake
 		// the owner, which takes in the inbox at every turn of its loop,
-		// at least every lazyWake meanwhile: no wake-up (an eventfd
-		// write) in the caller's call, whose woken thread would take the
-		// caller's CPU (docs/performance.md; a Go execution trace of a
-		// 1.1 ms Load call put all of it inside that write). 64 KiB
-		// O_DIRECT stores, batches of 16: the Store call's p99.9 fell
-		// from 1.4-5.6 ms to 0.15-0.76 ms (8 interleaved rounds), keys/s
-		// and store latency unchanged. Loads alike (tierbench load, 5
-		// interleaved rounds): the Load call's p99.9 64 us against 422
-		// at the median, lower in every round; 1.14x the keys a second
-		// (0.80-1.39). Not lookups, whose batches are the scheduler's
-		// question of the moment. Behind a hung probe, a store still
-		// fails fast (linux_test.TestHungFilesystem). Not the sync engine, whose
-		// wake is a channel send: with the lazyWake timer its owner then
-		// kept armed, its page-cache loads of 2 MiB ran at 0.80-0.89 of
-		// the code before the lazy wake, and at 0.90-1.08 without it (5
+		// at least every lazyWake meanwhile: no wake-up (an eventfd write)
+		// in the caller's call, whose woken thread would take the caller's
+		// CPU (docs/performance.md; a Go execution trace of a 1.1 ms Load
+		// call put all of it inside that write). 64 KiB O_DIRECT stores,
+		// batches of 16: the Store call's p99.9 fell from 1.4-5.6 ms to
+		// 0.15-0.76 ms (8 interleaved rounds), keys/s and store latency
+		// unchanged. Loads alike (tierbench load, 5 interleaved rounds):
+		// the Load call's p99.9 64 us against 422 at the median, lower in
+		// every round; 1.14x the keys a second (0.80-1.39). Not lookups,
+		// whose batches are the scheduler's question of the moment. Behind
+		// a hung probe, a store still fails fast
+		// (linux_test.TestHungFilesystem). Not the sync engine, whose wake
+		// is a channel send: with the lazyWake timer its owner then kept
+		// armed, its page-cache loads of 2 MiB ran at 0.80-0.89 of the
+		// code before the lazy wake, and at 0.90-1.08 without it (5
 		// interleaved rounds; strace counted 553 epoll_pwait calls in
 		// 9,600 loads with the timer, none before). Nor an io_uring owner
 		// that is running, or asleep on its channel with nothing in the
@@ -486,8 +486,8 @@ func (s *shard) intake() (abandon, yield bool) {
 // rounds, does not yield.
 const yieldLookups = 128
 
-// yieldStores is how many keys of stores taken in make an owner yield its
-// CPU (intake). One store a request does not: the owner's start of it is
+// yieldStores is how many keys of stores taken in (on every shard) make
+// an owner yield its CPU (intake). One store a request does not: the owner's start of it is
 // a channel send, and with few stores in flight (ringWriteMin) its yield
 // made a store's latency 3.5-3.7 ms at p99 against 2.5 without it and the
 // sync engine's 2.5 (tierbench store --batch 1 --depth 4 on a nodiscard
