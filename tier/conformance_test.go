@@ -291,6 +291,89 @@ func TestLookupCache(t *testing.T) {
 	})
 }
 
+// TestOwnersHashLargeBatches: the keys of a large batch, which the owners
+// hash (ownersHash), reach the same shard and cache entry as those of small
+// batches, which the caller hashes, both ways, lookups and loads alike.
+func TestOwnersHashLargeBatches(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.LookupCacheTTL = time.Hour })
+		require.True(t, ownersHash(ownersHashKeys, len(tr.shards)))
+		require.False(t, ownersHash(ownersHashKeys-1, len(tr.shards)))
+		const small = 16
+		var idx, evens []int
+		var want []Status
+		for i := range ownersHashKeys {
+			idx, want = append(idx, i), append(want, StatusMissing)
+			if i%2 == 0 {
+				evens, want[i] = append(evens, i), StatusFound
+			}
+		}
+		// lookup asks about every key in batches of n and says how many
+		// the cache answered.
+		req := uint64(0)
+		lookup := func(n int) uint64 {
+			t.Helper()
+			hits := tr.Stats().CacheHits
+			var got []Status
+			for k := 0; k < len(idx); k += n {
+				req++
+				require.NoError(t, tr.Lookup(req, testKeys(idx[k:k+n]...)))
+				got = append(got, statuses(await(t, tr, req)[req])...)
+			}
+			require.Equal(t, want, got)
+			return tr.Stats().CacheHits - hits
+		}
+		// Behind the tier's back: only the cache can still say found.
+		forget := func() {
+			t.Helper()
+			for _, i := range evens {
+				require.NoError(t, tr.BlockStore().Delete(tr.Namespace(), testKey(i)))
+			}
+		}
+
+		put(t, tr, evens...)
+		assert.Zero(t, lookup(small), "the cache starts empty")
+		forget()
+		assert.Equal(t, uint64(ownersHashKeys), lookup(ownersHashKeys), "what small batches learned, a large one finds")
+		// The large batch's request slot kept no hashes of the caller's.
+		tr.mu.Lock()
+		large := 0
+		for i := range tr.reqs {
+			if r := &tr.reqs[i]; r.n() == ownersHashKeys && len(r.hashes) == 0 {
+				large++
+			}
+		}
+		tr.mu.Unlock()
+		assert.Equal(t, 1, large, "a slot of the large batch without hashes")
+		tr.InvalidateLookups()
+		put(t, tr, evens...)
+		assert.Zero(t, lookup(ownersHashKeys))
+		forget()
+		assert.Equal(t, uint64(ownersHashKeys), lookup(small), "what a large batch learned, small ones find")
+
+		// A large load teaches the cache too, on the key's own shard.
+		tr.InvalidateLookups()
+		put(t, tr, evens...)
+		bufs := make([][]byte, len(idx))
+		for i := range bufs {
+			bufs[i] = make([]byte, testBlockSize)
+		}
+		req++
+		require.NoError(t, tr.Load(req, testKeys(idx...), bufs))
+		got := statuses(await(t, tr, req)[req])
+		for i := range idx {
+			if i%2 == 0 {
+				assert.Equal(t, StatusLoaded, got[i], "key %d", i)
+				assert.Equal(t, testPayload(i), bufs[i], "block %d", i)
+			} else {
+				assert.Equal(t, StatusMissing, got[i], "key %d", i)
+			}
+		}
+		forget()
+		assert.Equal(t, uint64(ownersHashKeys), lookup(small), "what a large load learned, small lookups find")
+	})
+}
+
 func TestLoad(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, kind EngineKind) {
 		tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.Buffers = 2 })

@@ -524,9 +524,20 @@ func (s *shard) cancelInFlight(r *request) {
 	}
 }
 
-// mine reports whether key i of r is this shard's to handle.
-func (s *shard) mine(r *request, i int) bool {
-	return r.shardOf(i, len(s.t.shards)) == s.idx
+// mine reports whether key i of r is this shard's to handle, and if it
+// is, the key's hash. Lookups, stores and deletes go by the key's hash, so
+// that one shard holds what the tier knows of a key (its lookup cache, the
+// lookup in flight that others share). A load needs none of that, so its
+// keys go in runs of loadRun to the shards with the fewest load keys
+// unanswered (Tier.dealLoad): a batch does not wait for the ring its hashes
+// happened to favour, and the copies and checksums of page-cache loads keep
+// every CPU busy.
+func (s *shard) mine(r *request, i int) (h uint64, ok bool) {
+	if r.op == OpLoad && int(r.runs[i/loadRun]) != s.idx {
+		return 0, false
+	}
+	h = r.hash(s.t.seed, i)
+	return h, r.op == OpLoad || shardOfHash(h, len(s.t.shards)) == s.idx
 }
 
 // storesMax is how many stores a shard has in flight at most: reads go to
@@ -579,7 +590,8 @@ func (s *shard) startPass(now time.Time, pass Op) {
 		}
 		i := int(r.cursor[s.idx])
 		for ; i < r.n(); i++ {
-			if !s.mine(r, i) {
+			h, mine := s.mine(r, i)
+			if !mine {
 				continue
 			}
 			if s.closing || r.canceled.Load() {
@@ -590,7 +602,7 @@ func (s *shard) startPass(now time.Time, pass Op) {
 				s.setKey(r, i, StatusSkipped, nil)
 				continue
 			}
-			if !s.startKey(r, i, now) {
+			if !s.startKey(r, i, h, now) {
 				break
 			}
 		}
@@ -611,10 +623,10 @@ func (s *shard) startPass(now time.Time, pass Op) {
 	s.work = kept
 }
 
-// startKey answers key i of r from memory or starts an op for it, and
-// reports false when no op is free.
-func (s *shard) startKey(r *request, i int, now time.Time) bool {
-	key, h := r.key(i), r.hashes[i]
+// startKey answers key i of r, of hash h, from memory or starts an op for
+// it, and reports false when no op is free.
+func (s *shard) startKey(r *request, i int, h uint64, now time.Time) bool {
+	key := r.key(i)
 	ttl := s.t.opts.LookupCacheTTL
 	if ttl > 0 && (r.op == OpLookup || r.op == OpStore) {
 		if e, ok := s.cache[h]; ok && bytes.Equal(e.key[:e.keyLen], key) && now.Sub(s.epoch)-time.Duration(e.at) < ttl {
@@ -731,7 +743,7 @@ func (s *shard) expire(now time.Time) time.Time {
 			continue
 		}
 		for i := int(r.cursor[s.idx]); i < r.n(); i++ {
-			if s.mine(r, i) {
+			if _, mine := s.mine(r, i); mine {
 				s.setKey(r, i, StatusTimedOut, ErrTimeout)
 			}
 		}
@@ -957,7 +969,7 @@ func (s *shard) cacheStore(h uint64, e cacheEntry) {
 func (s *shard) abandonAll() {
 	for _, r := range s.work {
 		for i := int(r.cursor[s.idx]); i < r.n(); i++ {
-			if s.mine(r, i) {
+			if _, mine := s.mine(r, i); mine {
 				s.setKey(r, i, StatusCanceled, ErrCanceled)
 			}
 		}

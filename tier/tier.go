@@ -132,7 +132,7 @@ type request struct {
 	prefixOnly bool
 	keyData    []byte   // the keys, copied and concatenated
 	keyEnd     []int32  // key i is keyData[keyEnd[i-1]:keyEnd[i]]
-	hashes     []uint64 // key hashes; a key's shard comes from its hash (shardOfHash), but for loads (shardOf)
+	hashes     []uint64 // key hashes, by the caller (empty where the owners hash: ownersHash)
 	runs       []uint8  // loads: key i goes to shard runs[i/loadRun] (Tier.dealLoad)
 	bufs       [][]byte // caller buffers for loads and stores
 	res        []KeyResult
@@ -163,19 +163,31 @@ func resize[T any](s []T, n int) []T {
 
 func (r *request) n() int { return len(r.keyEnd) }
 
-// shardOf is the shard that handles key i of r, among n. Lookups, stores
-// and deletes go by the key's hash, so that one shard holds what the tier
-// knows of a key (its lookup cache, the lookup in flight that others
-// share). A load needs none of that, so its keys go in runs of loadRun to
-// the shards with the fewest load keys unanswered (Tier.dealLoad): a batch
-// does not wait for the ring its hashes happened to favour, and the copies
-// and checksums of page-cache loads keep every CPU busy.
-func (r *request) shardOf(i int, n int) int {
-	if r.op == OpLoad {
-		return int(r.runs[i/loadRun])
+// hash is key i's hash: the caller's, or where the owners hash, worked
+// out again by each that asks.
+func (r *request) hash(seed maphash.Seed, i int) uint64 {
+	if i < len(r.hashes) {
+		return r.hashes[i]
 	}
-	return shardOfHash(r.hashes[i], n)
+	return maphash.Bytes(seed, r.key(i))
 }
+
+// ownersHash says whether the owners hash a request's keys instead of the
+// caller: a batch of ownersHashKeys keys or more has keys for every shard
+// anyway, and the hashes were a third of a 1,024-key Lookup call
+// (BenchmarkCallerFloor, 6 interleaved rounds: the Lookup call's p50 5.8-6.6
+// us against 9.9-17.2, the p99.9 of all calls 31-46 us against 41-71;
+// BenchmarkLookup's keys a second and CPU a key the same). Each owner then
+// hashes every key to find its own, 3-4 ns a key, so not with more than
+// ownersHashShards shards: at 8, 2% of a warm lookup's CPU.
+func ownersHash(keys, shards int) bool {
+	return keys >= ownersHashKeys && shards <= ownersHashShards
+}
+
+const (
+	ownersHashKeys   = 128
+	ownersHashShards = 8
+)
 
 // shardOfHash maps a key's hash onto one of n shards by its top 32 bits
 // (a multiply and a shift, where a modulo divides).
@@ -594,17 +606,27 @@ func (t *Tier) submitTo(id uint64, op Op, prefixOnly bool, keys [][]byte, bufs [
 	}
 	// The copy is most of the call's work (1,024 keys): local slices and
 	// seed, so the loop keeps them in registers, and the shards' mask
-	// taken on the way.
+	// taken on the way. A large batch goes to every shard, whose owners
+	// hash its keys (ownersHash).
 	data := slices.Grow(r.keyData[:0], size)
-	ends, hashes := slices.Grow(r.keyEnd[:0], len(keys)), slices.Grow(r.hashes[:0], len(keys))
+	ends, hashes := slices.Grow(r.keyEnd[:0], len(keys)), r.hashes[:0]
 	seed, n := t.seed, len(t.shards)
 	var mask uint64
-	for _, k := range keys {
-		data = append(data, k...)
-		ends = append(ends, int32(len(data)))
-		h := maphash.Bytes(seed, k)
-		hashes = append(hashes, h)
-		mask |= 1 << shardOfHash(h, n)
+	if ownersHash(len(keys), n) {
+		for _, k := range keys {
+			data = append(data, k...)
+			ends = append(ends, int32(len(data)))
+		}
+		mask = 1<<n - 1
+	} else {
+		hashes = slices.Grow(hashes, len(keys))
+		for _, k := range keys {
+			data = append(data, k...)
+			ends = append(ends, int32(len(data)))
+			h := maphash.Bytes(seed, k)
+			hashes = append(hashes, h)
+			mask |= 1 << shardOfHash(h, n)
+		}
 	}
 	r.keyData, r.keyEnd, r.hashes = data, ends, hashes
 	r.bufs = append(r.bufs[:0], bufs...)
