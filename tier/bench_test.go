@@ -602,6 +602,10 @@ func dropCaches() error {
 // op=store: the default run's stores instead (64 KiB, O_DIRECT where
 // TMPDIR takes it, 4 batches of 16 in flight); its spins are the floor
 // under that load, which no Store or Poll call can go below.
+//
+// op=idle: one Lookup at a time, 100 µs after the last one's result, as a
+// scheduler asks between steps: each call finds the owners asleep and
+// wakes them.
 func BenchmarkCallerFloor(b *testing.B) {
 	const spinFor, callSpin = 20 * time.Microsecond, 2500 * time.Nanosecond
 	dir := lookupFixture(b)
@@ -716,6 +720,28 @@ func BenchmarkCallerFloor(b *testing.B) {
 			report(b, "call", &calls)
 			report(b, "store-call", &stores)
 			report(b, "spin", &spins)
+		})
+	}
+	for _, e := range engines {
+		b.Run("op=idle/"+e.name, func(b *testing.B) {
+			tr := benchTier(b, dir, e.kind, nil)
+			var lookups latency.Counts
+			results := make([]Result, 1)
+			req := uint64(0)
+			for b.Loop() {
+				req++
+				t0 := time.Now()
+				err := tr.Lookup(req, keys)
+				lookups.Record(time.Since(t0))
+				if err != nil {
+					b.Fatal(err)
+				}
+				for tr.Poll(results) == 0 {
+					<-tr.Ready()
+				}
+				time.Sleep(100 * time.Microsecond)
+			}
+			report(b, "lookup-call", &lookups)
 		})
 	}
 }
