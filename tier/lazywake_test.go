@@ -3,7 +3,9 @@ package tier
 import (
 	"errors"
 	"os"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -141,4 +143,43 @@ func TestIntakeYields(t *testing.T) {
 			assert.Len(t, s.work, len(c.ops), "every request taken in")
 		})
 	}
+}
+
+// TestOwnersYieldToWaiters: an owner yields its P after a chunk only when a
+// goroutine waits for one (mayYield): a 4,096-key lookup with nothing else
+// to run yields at few of its 128 chunks, and with goroutines queued for a
+// P at most of them.
+func TestOwnersYieldToWaiters(t *testing.T) {
+	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.Rings, o.BatchMax = runtime.GOMAXPROCS(0), 4096 })
+	var yields atomic.Int64
+	ownerYields = func(*shard) { yields.Add(1) }
+	t.Cleanup(func() { ownerYields = nil })
+	const keys = 4096
+	chunks := int64(keys / submitChunk)
+	lookup := func(req uint64) int64 {
+		t.Helper()
+		yields.Store(0)
+		require.NoError(t, tr.Lookup(req, testKeys(seq(0, keys)...)))
+		for _, k := range await(t, tr, req)[req].Keys {
+			require.Equal(t, StatusMissing, k.Status)
+		}
+		return yields.Load()
+	}
+	assert.Less(t, lookup(1), chunks/4, "yields with nothing waiting for a P")
+
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for range 2 * runtime.GOMAXPROCS(0) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				runtime.Gosched() // always runnable
+			}
+		}()
+	}
+	n := lookup(2)
+	stop.Store(true)
+	wg.Wait()
+	assert.Greater(t, n, chunks/4, "yields with goroutines waiting for a P")
 }
