@@ -590,11 +590,13 @@ func dropCaches() error {
 // Lookup or Poll call it spins on the clock for spinFor, a stretch of pure
 // CPU work as long as a typical call: whatever makes the spin's p99.9 long
 // (the thread preempted by the owners, kernel workers, interrupts, the Go
-// runtime) makes the calls' long too. Reported: p50 and p99.9 of the calls,
-// of the Lookup calls alone and of the spins, in µs. engine=none spins with
-// no tier at all: the machine's own floor, which no call can go below; its
-// calls are spins of callSpin, a Store or Poll call's median, between the
-// long ones. testdata/callerfloor runs it beside another process's IO.
+// runtime) makes the calls' long too. Reported: p50, p99.9 and the longest
+// of the calls, of the Lookup calls alone and of the spins, in µs.
+// engine=none spins with no tier at all: the machine's own floor, which no
+// call can go below; its calls are spins of callSpin, a Store or Poll
+// call's median, and of lookupSpin, a 1,024-key Lookup call's with busy
+// owners (its lookup-call figures), in turn, each followed by a long spin.
+// testdata/callerfloor runs it beside another process's IO.
 // With URINGTIER_CALLER_TRACE set to a file, the caller's thread keeps to
 // CPU 0 and every call's start and end (CLOCK_MONOTONIC) go to the file,
 // for testdata/callertrace to set beside what perf saw on that CPU.
@@ -607,16 +609,16 @@ func dropCaches() error {
 // scheduler asks between steps: each call finds the owners asleep and
 // wakes them.
 func BenchmarkCallerFloor(b *testing.B) {
-	const spinFor, callSpin = 20 * time.Microsecond, 2500 * time.Nanosecond
+	const spinFor, callSpin, lookupSpin = 20 * time.Microsecond, 2500 * time.Nanosecond, 6 * time.Microsecond
 	dir := lookupFixture(b)
 	keys := testKeys(seq(0, 1024)...)
-	spinN := func(spins *latency.Counts, d time.Duration) {
+	spinN := func(d time.Duration) time.Duration {
 		t0 := time.Now()
 		for time.Since(t0) < d {
 		}
-		spins.Record(time.Since(t0))
+		return time.Since(t0)
 	}
-	spin := func(spins *latency.Counts) { spinN(spins, spinFor) }
+	spin := func(spins *latency.Counts) { spins.Record(spinN(spinFor)) }
 	// poll makes one timed Poll call and a spin after it, waits for results
 	// if none came, and returns those it took.
 	poll := func(tr *Tier, trace *callTrace, results []Result, calls, spins *latency.Counts) []Result {
@@ -634,14 +636,20 @@ func BenchmarkCallerFloor(b *testing.B) {
 		us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 		b.ReportMetric(us(c.Quantile(0.5)), name+"-p50-µs")
 		b.ReportMetric(us(c.Quantile(0.999)), name+"-p99.9-µs")
+		b.ReportMetric(us(c.Max()), name+"-max-µs")
 	}
 	b.Run("engine=none", func(b *testing.B) {
-		var calls, spins latency.Counts
+		var calls, lookups, spins latency.Counts
 		for b.Loop() {
-			spinN(&calls, callSpin)
+			calls.Record(spinN(callSpin))
+			spin(&spins)
+			d := spinN(lookupSpin)
+			calls.Record(d)
+			lookups.Record(d)
 			spin(&spins)
 		}
 		report(b, "call", &calls)
+		report(b, "lookup-call", &lookups)
 		report(b, "spin", &spins)
 	})
 	engines := []struct {
