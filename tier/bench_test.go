@@ -601,9 +601,10 @@ func dropCaches() error {
 // CPU 0 and every call's start and end (CLOCK_MONOTONIC) go to the file,
 // for testdata/callertrace to set beside what perf saw on that CPU.
 //
-// op=store: the default run's stores instead (64 KiB, O_DIRECT where
-// TMPDIR takes it, 4 batches of 16 in flight); its spins are the floor
-// under that load, which no Store or Poll call can go below.
+// op=store, op=load: the default run's stores or loads instead (64 KiB,
+// O_DIRECT where TMPDIR takes it, 4 batches of 16 in flight); their spins
+// are the floor under that IO, which no Store, Load or Poll call can go
+// below.
 //
 // op=idle: one Lookup at a time, 100 µs after the last one's result, as a
 // scheduler asks between steps: each call finds the owners asleep and
@@ -686,49 +687,65 @@ func BenchmarkCallerFloor(b *testing.B) {
 			report(b, "spin", &spins)
 		})
 	}
-	for _, e := range engines {
-		b.Run("op=store/"+e.name, func(b *testing.B) {
-			const batch, depth, keySpace = 16, 4, 4096
-			trace := callerTrace(b)
-			tr := benchTier(b, b.TempDir(), e.kind, func(o *Options) { o.BlockSize, o.Buffers = 64<<10, batch*depth })
-			bufs := tr.Buffers()
-			keys := testKeys(seq(0, keySpace)...)
-			free := []int{0, 1, 2, 3} // batches of bufs not in flight
-			slotOf := map[uint64]int{}
-			var calls, stores, spins latency.Counts
-			results := make([]Result, depth)
-			req := uint64(0)
-			for b.Loop() {
-				for len(free) > 0 {
-					req++
-					slot := free[len(free)-1]
-					k := int(req*batch) % keySpace
-					m0, t0 := trace.now(), time.Now()
-					err := tr.Store(req, keys[k:k+batch], bufs[slot*batch:(slot+1)*batch])
-					d := time.Since(t0)
-					trace.add('S', m0)
-					calls.Record(d)
-					stores.Record(d)
-					if err != nil {
-						b.Fatal(err)
-					}
-					free, slotOf[req] = free[:len(free)-1], slot
-					spin(&spins)
+	// The default run's loads and stores: 64 KiB, batches of 16, 4 in
+	// flight; loads over a fixture of 512 blocks, stores of new keys.
+	works := []struct {
+		name  string
+		kind  byte // the trace's letter
+		op    Op
+		keys  int
+		want  Status
+		fixed bool // the directory holds the blocks (ioFixture)
+	}{{"store", 'S', OpStore, 4096, StatusStored, false}, {"load", 'R', OpLoad, 512, StatusLoaded, true}}
+	for _, w := range works {
+		for _, e := range engines {
+			b.Run("op="+w.name+"/"+e.name, func(b *testing.B) {
+				const batch, depth = 16, 4
+				trace := callerTrace(b)
+				dir := b.TempDir()
+				if w.fixed {
+					dir = ioFixture(b, 64<<10, w.keys)
 				}
-				for _, r := range poll(tr, trace, results, &calls, &spins) {
-					for _, k := range r.Keys {
-						if k.Status != StatusStored {
-							b.Fatalf("store %d: %v %v", r.Req, k.Status, k.Err)
+				tr := benchTier(b, dir, e.kind, func(o *Options) { o.BlockSize, o.Buffers = 64<<10, batch*depth })
+				bufs := tr.Buffers()
+				keys := testKeys(seq(0, w.keys)...)
+				free := []int{0, 1, 2, 3} // batches of bufs not in flight
+				slotOf := map[uint64]int{}
+				var calls, ops, spins latency.Counts
+				results := make([]Result, depth)
+				req := uint64(0)
+				for b.Loop() {
+					for len(free) > 0 {
+						req++
+						slot := free[len(free)-1]
+						k := int(req*batch) % w.keys
+						m0, t0 := trace.now(), time.Now()
+						err := tr.submit(req, w.op, false, keys[k:k+batch], bufs[slot*batch:(slot+1)*batch])
+						d := time.Since(t0)
+						trace.add(w.kind, m0)
+						calls.Record(d)
+						ops.Record(d)
+						if err != nil {
+							b.Fatal(err)
 						}
+						free, slotOf[req] = free[:len(free)-1], slot
+						spin(&spins)
 					}
-					free = append(free, slotOf[r.Req])
-					delete(slotOf, r.Req)
+					for _, r := range poll(tr, trace, results, &calls, &spins) {
+						for _, k := range r.Keys {
+							if k.Status != w.want {
+								b.Fatalf("%s %d: %v %v", w.name, r.Req, k.Status, k.Err)
+							}
+						}
+						free = append(free, slotOf[r.Req])
+						delete(slotOf, r.Req)
+					}
 				}
-			}
-			report(b, "call", &calls)
-			report(b, "store-call", &stores)
-			report(b, "spin", &spins)
-		})
+				report(b, "call", &calls)
+				report(b, w.name+"-call", &ops)
+				report(b, "spin", &spins)
+			})
+		}
 	}
 	for _, e := range engines {
 		b.Run("op=idle/"+e.name, func(b *testing.B) {
@@ -754,7 +771,7 @@ func BenchmarkCallerFloor(b *testing.B) {
 	}
 }
 
-// callTrace records calls as "L|S|P start end" lines of CLOCK_MONOTONIC
+// callTrace records calls as "L|S|R|P start end" (Lookup, Store, Load, Poll) lines of CLOCK_MONOTONIC
 // nanoseconds; a nil one records nothing.
 type callTrace struct{ lines []byte }
 

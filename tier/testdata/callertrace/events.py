@@ -1,5 +1,5 @@
 """Sets each traced call (BenchmarkCallerFloor, URINGTIER_CALLER_TRACE) beside the perf events
-of its CPU while it ran: per kind of call (L: Lookup, S: Store, P: Poll), the quantiles of all calls, of
+of its CPU while it ran: per kind of call (L: Lookup, S: Store, R: Load, P: Poll), the quantiles of all calls, of
 those with no event at all, and of those with only a timer tick; then what the calls longer than
 LONG_US held. usage: events.py CALLS EVENTS [LONG_US]"""
 import bisect
@@ -67,7 +67,7 @@ def main():
     if events:
         span = (events[-1][0] - events[0][0]) / 1e9
         print('timer ticks on CPU 0: %d in %.1f s (%.0f/s)' % (ticks, span, ticks / span))
-    for kind in 'LSP':
+    for kind in 'LSRP':
         alld, clean, ticked = [], [], []
         held, lost = collections.Counter(), collections.Counter()
         for k, a, b in calls:
