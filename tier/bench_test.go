@@ -687,16 +687,17 @@ func BenchmarkCallerFloor(b *testing.B) {
 			report(b, "spin", &spins)
 		})
 	}
-	// The default run's loads and stores: 64 KiB, batches of 16, 4 in
-	// flight; loads over a fixture of 512 blocks, stores of new keys.
+	// The default run's stores and loads: 64 KiB, batches of 16, 4 in
+	// flight; stores over 4,096 keys in turn into an empty directory, loads
+	// over a fixture of 512 blocks.
 	works := []struct {
-		name  string
-		kind  byte // the trace's letter
-		op    Op
-		keys  int
-		want  Status
-		fixed bool // the directory holds the blocks (ioFixture)
-	}{{"store", 'S', OpStore, 4096, StatusStored, false}, {"load", 'R', OpLoad, 512, StatusLoaded, true}}
+		name   string
+		kind   byte // the trace's letter
+		submit func(t *Tier, req uint64, keys, bufs [][]byte) error
+		keys   int
+		want   Status
+		fixed  bool // the directory holds the blocks (ioFixture)
+	}{{"store", 'S', (*Tier).Store, 4096, StatusStored, false}, {"load", 'R', (*Tier).Load, 512, StatusLoaded, true}}
 	for _, w := range works {
 		for _, e := range engines {
 			b.Run("op="+w.name+"/"+e.name, func(b *testing.B) {
@@ -720,7 +721,7 @@ func BenchmarkCallerFloor(b *testing.B) {
 						slot := free[len(free)-1]
 						k := int(req*batch) % w.keys
 						m0, t0 := trace.now(), time.Now()
-						err := tr.submit(req, w.op, false, keys[k:k+batch], bufs[slot*batch:(slot+1)*batch])
+						err := w.submit(tr, req, keys[k:k+batch], bufs[slot*batch:(slot+1)*batch])
 						d := time.Since(t0)
 						trace.add(w.kind, m0)
 						calls.Record(d)
@@ -771,8 +772,8 @@ func BenchmarkCallerFloor(b *testing.B) {
 	}
 }
 
-// callTrace records calls as "L|S|R|P start end" (Lookup, Store, Load, Poll) lines of CLOCK_MONOTONIC
-// nanoseconds; a nil one records nothing.
+// callTrace records calls as "L|S|R|P start end" lines (Lookup, Store,
+// Load, Poll; CLOCK_MONOTONIC nanoseconds); a nil one records nothing.
 type callTrace struct{ lines []byte }
 
 // callerTrace returns a trace if URINGTIER_CALLER_TRACE names a file, which

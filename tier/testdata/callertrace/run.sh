@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Where the caller's long calls go: BenchmarkCallerFloor with its caller kept on CPU 0 and every
-# Lookup, Store and Poll call stamped (URINGTIER_CALLER_TRACE), under `perf record` of that CPU's
+# Lookup, Store, Load and Poll call stamped (URINGTIER_CALLER_TRACE), under `perf record` of that CPU's
 # timer, IPI and reschedule interrupts, wake-ups and context switches on the same clock (and of
 # its nanosleep calls, which name the Go runtime's sysmon thread); events.py then sorts the calls
 # by what happened on the CPU while they ran. Root, and perf from Debian's linux-perf.
-# usage: bash tier/testdata/callertrace/run.sh [ENGINE=uring | SUB=op=store/engine=uring] [BENCHTIME=4s] [LONG_US=30]
+# usage: bash tier/testdata/callertrace/run.sh [ENGINE=uring | SUB=op=store/engine=uring | SUB=op=load/engine=uring] [BENCHTIME=4s] [LONG_US=30]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(git -C "$here" rev-parse --show-toplevel)
