@@ -148,7 +148,7 @@ func (s *session) runMixed(ctx context.Context, kind tier.EngineKind) ([]*result
 	var out []*result
 	var ev evictions
 	var next uint64 // the next driver's stream
-	if warm := s.warmup(); warm > 0 {
+	if warm := s.warmup(""); warm > 0 {
 		s.runPhase(ctx, tr, phaseWarmup, streams, &next, limits{duration: warm}) // unmeasured
 	}
 	for _, phase := range phases {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/dustin/go-humanize"
@@ -93,20 +94,27 @@ func (s *session) limits() limits {
 }
 
 func (s *session) limitText() string {
+	text := fmt.Sprintf("%v per workload", s.c.duration)
 	if s.c.keys > 0 {
-		return fmt.Sprintf("%s keys per workload", humanize.Comma(s.c.keys))
+		text = fmt.Sprintf("%s keys per workload", humanize.Comma(s.c.keys))
 	}
-	if warm := s.warmup(); warm > 0 {
-		return fmt.Sprintf("%v per workload after %v of warm-up", s.c.duration, warm)
+	names := s.c.workloadNames()
+	if !slices.ContainsFunc(names, func(n string) bool { return s.warmup(n) > 0 }) {
+		return text
 	}
-	return fmt.Sprintf("%v per workload", s.c.duration)
+	text += fmt.Sprintf(" after %v of warm-up", s.c.warmup)
+	if slices.Contains(names, "store") && s.warmup("store") == 0 {
+		text += " (stores: none)"
+	}
+	return text
 }
 
-// warmup returns how long each workload runs, unmeasured, before it is
-// measured: --warmup, unless the workload runs for --keys (an exact count)
-// or --cold (a warm-up would fill the caches it dropped).
-func (s *session) warmup() time.Duration {
-	if s.c.keys > 0 || s.c.cold {
+// warmup returns how long the named workload (in mixed, the readers: "")
+// runs, unmeasured, before it is measured: --warmup, but none with --cold
+// (a warm-up would fill the caches it dropped), nor for stores run for
+// --keys (the data set grows by exactly that many).
+func (s *session) warmup(workload string) time.Duration {
+	if s.c.cold || (s.c.keys > 0 && workload == "store") {
 		return 0
 	}
 	return s.c.warmup

@@ -10,7 +10,8 @@ import (
 
 // TestWarmupIsNotMeasured: a store workload with a warm-up stores blocks
 // before it measures (the data set grows by more than the row's keys);
-// without one, by exactly the row's keys. With --keys there is none.
+// without one, by exactly the row's keys. With --keys, stores have none
+// (exactly that many are stored), lookups and loads do.
 func TestWarmupIsNotMeasured(t *testing.T) {
 	dir := t.TempDir()
 	mustRun(t, "populate", "--dir", dir, "--blocks", "16", "--block-size", "8KiB")
@@ -33,9 +34,18 @@ func TestWarmupIsNotMeasured(t *testing.T) {
 	assert.Equal(t, keys, grew)
 	keys, grew = store("--keys", "24", "--warmup", "300ms")
 	assert.Equal(t, int64(24), keys)
-	assert.Equal(t, keys, grew, "--keys runs exactly that many, without a warm-up")
+	assert.Equal(t, keys, grew, "--keys stores exactly that many, without a warm-up")
 
-	out := mustRun(t, "lookup", "--dir", dir, "--engine", "sync", "--duration", "50ms", "--warmup", "20ms")
+	out := mustRun(t, "lookup", "--dir", dir, "--engine", "sync", "--keys", "64", "--warmup", "20ms")
+	assert.Contains(t, out, "64 keys per workload after 20ms of warm-up")
+	runDir := t.TempDir()
+	out = mustRun(t, "run", "--dir", runDir, "--blocks", "16", "--block-size", "8KiB", "--engine", "sync",
+		"--workloads", "lookup,store", "--keys", "24", "--warmup", "20ms")
+	assert.Contains(t, out, "24 keys per workload after 20ms of warm-up (stores: none)")
+	out = mustRun(t, "store", "--dir", dir, "--engine", "sync", "--keys", "24", "--warmup", "20ms")
+	assert.NotContains(t, out, "warm-up")
+
+	out = mustRun(t, "lookup", "--dir", dir, "--engine", "sync", "--duration", "50ms", "--warmup", "20ms")
 	assert.Contains(t, out, "50ms per workload after 20ms of warm-up")
 	out = mustRun(t, "lookup", "--dir", dir, "--engine", "sync", "--duration", "50ms", "--warmup", "0")
 	assert.NotContains(t, out, "warm-up")

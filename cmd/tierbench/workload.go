@@ -39,7 +39,7 @@ func workloadFlags(withData bool) func(*flag.FlagSet, *config) {
 		fs.Int64Var(&c.keys, "keys", 0, "run each workload for this many keys instead of --duration")
 		fs.BoolVar(&c.direct, "direct", true, "load and store with O_DIRECT where the filesystem allows (both engines); --direct=false goes through the page cache")
 		fs.BoolVar(&c.cold, "cold", false, "drop the page and dentry caches before each workload (root only)")
-		fs.DurationVar(&c.warmup, "warmup", defaultWarmup, "run each workload this long before measuring it, with --duration and without --cold (a fresh tier's first calls touch fresh memory: page faults; 0: none)")
+		fs.DurationVar(&c.warmup, "warmup", defaultWarmup, "run each workload this long before measuring it; not with --cold, nor for stores with --keys (a fresh tier's first calls touch fresh memory: page faults; 0: none)")
 		fs.DurationVar(&c.latency, "latency", 0, "serve --dir through a FUSE pass-through adding this latency to every operation (root and /dev/fuse)")
 
 		fs.StringVar(&c.dist, "dist", "uniform", "key distribution: uniform (each key in turn), zipf (--zipf-s), hot (--hot-keys, --hot-share)")
@@ -203,7 +203,7 @@ func (s *session) runEngine(ctx context.Context, kind tier.EngineKind, names []s
 		if name == "store" {
 			lim.room = s.room(name, &stopped)
 		}
-		if warm := s.warmup(); warm > 0 {
+		if warm := s.warmup(name); warm > 0 {
 			drive(ctx, tr, w, depth, bufs, limits{duration: warm, room: lim.room})
 		}
 		if err := s.barrier(info.Kind.String(), name); err != nil {
