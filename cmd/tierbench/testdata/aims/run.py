@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""The performance aims, measured side by side in one sitting, each as the ratio the aim names.
+
+Per round, for this tree's build (and, with --old REV, a build of REV, the two in turn, a different
+one first each round), it runs:
+  lookups  tier's BenchmarkLookup, BenchmarkLookupCold and BenchmarkLookupCached (--benchtime):
+           warm lookups of a ring per CPU (lookup op openpath) ÷ the best pool (2 or 16 goroutines
+           calling fstatat or faccessat) and ÷ one goroutine calling fstatat; cold ones ÷ the best
+           pool (16 or 64 goroutines); keys a second answered from the lookup cache
+  loads    BenchmarkLoad/size=*/io=buffered: page-cache loads, a ring per CPU ÷ the sync engine
+  fuse     linux_test's TestSlowFilesystem (1 ms an operation): the io_uring engine ÷ one thread
+           and ÷ a pool of 64
+  default  `tierbench --json` (the default run, one round): per workload the io_uring engine's
+           keys a second and CPU a key ÷ the sync engine's, its callers' p99.9, its longest call ÷
+           the sync engine's
+  mixed    `tierbench mixed --engine all --json`: the io_uring engine's readers' p99, with 1 GiB of
+           stores in flight ÷ without
+and with --fio, once for all rounds, cmd/tierbench/testdata/fio/run.sh (2 MiB O_DIRECT loads and
+stores ÷ fio's; root, fio, 9 GiB of memory). GlusterFS is not run (see the README for its volumes).
+Then, per aim and build, the median over the rounds, the range, and whether the median meets it.
+
+usage: python3 cmd/tierbench/testdata/aims/run.py [--rounds 3] [--old REV] [--fio] [--only lookups,loads,...]
+Root for the cold lookups (they drop the caches) and for FUSE; Go; about 3 minutes a round a build.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+TOP = subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(__file__)), "rev-parse", "--show-toplevel"],
+                     check=True, capture_output=True, text=True).stdout.strip()
+PARTS = ["lookups", "loads", "fuse", "default", "mixed"]
+
+# Each aim: (key, what, unit, met(value)). Ratios are this engine's figure ÷ the other's.
+AIMS = [
+    ("warm_pool", "warm lookups ÷ best pool", "×", lambda v: v >= 0.95),
+    ("warm_loop", "warm lookups ÷ one thread", "×", lambda v: v >= 1.5),
+    ("cold_pool", "cold lookups ÷ best pool", "×", lambda v: v >= 1),
+    ("cached", "cached lookups, M keys/s", "", lambda v: v >= 10),
+    ("fuse_loop", "FUSE 1 ms lookups ÷ one thread", "×", lambda v: v >= 30),
+    ("fuse_pool", "FUSE 1 ms lookups ÷ pool of 64", "×", lambda v: v >= 1),
+    ("load_64KiB", "page-cache loads 64 KiB ÷ sync", "×", lambda v: v >= 1),
+    ("load_256KiB", "page-cache loads 256 KiB ÷ sync", "×", lambda v: v >= 1),
+    ("load_2MiB", "page-cache loads 2 MiB ÷ sync", "×", lambda v: v >= 1),
+] + [a for w in ("lookup", "load", "store") for a in [
+    (f"{w}_rate", f"default run {w}s: keys/s ÷ sync", "×", lambda v: v >= 1),
+    (f"{w}_cpu", f"default run {w}s: CPU a key ÷ sync", "×", lambda v: v <= 1),
+    (f"{w}_p999", f"default run {w}s: caller p99.9, µs", "", lambda v: v < 50),
+    (f"{w}_max", f"default run {w}s: longest call ÷ sync", "×", lambda v: v <= 1),
+]] + [
+    ("mixed_lookup", "lookups' p99 with stores ÷ without", "×", lambda v: v < 2),
+    ("mixed_load", "loads' p99 with stores ÷ without", "×", lambda v: v < 2),
+    ("fio_load", "O_DIRECT 2 MiB loads ÷ fio", "×", lambda v: v >= 1),
+    ("fio_store", "O_DIRECT 2 MiB stores ÷ fio", "×", lambda v: v >= 0.8),
+]
+
+
+def run(args, cwd=None, check=True):
+    p = subprocess.run(args, cwd=cwd, capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)}: exit {p.returncode}\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    return p.stdout
+
+
+class Build:
+    def __init__(self, name, tree, work):
+        self.name, self.tree = name, tree
+        self.bin = os.path.join(work, name)
+        os.makedirs(self.bin)
+        print(f"building {name} ({tree})", file=sys.stderr)
+        run(["go", "test", "-c", "-o", f"{self.bin}/tier.test", "./tier"], cwd=tree)
+        run(["go", "test", "-c", "-o", f"{self.bin}/linux.test", "./linux_test"], cwd=tree)
+        run(["go", "build", "-o", f"{self.bin}/tierbench", "./cmd/tierbench"], cwd=tree)
+
+    def bench(self, pattern, benchtime):
+        """name (without the -GOMAXPROCS suffix) -> {unit: value} of each benchmark line."""
+        out = run([f"{self.bin}/tier.test", "-test.run", "^$", "-test.bench", pattern, "-test.benchtime", benchtime],
+                  cwd=os.path.join(self.tree, "tier"))
+        rows = {}
+        for line in out.splitlines():
+            f = line.split()
+            if f and f[0].startswith("Benchmark") and len(f) > 3:
+                rows[re.sub(r"-\d+$", "", f[0])] = {f[i + 1]: float(f[i]) for i in range(2, len(f) - 1, 2)}
+        return rows
+
+
+def lookups(b, a):
+    rows = b.bench("BenchmarkLookup$|BenchmarkLookupCold|BenchmarkLookupCached", a.benchtime)
+    warm = lambda e: rows[f"BenchmarkLookup/engine={e}"]["keys/s"]
+    pools = [n for n in rows if re.fullmatch(r"BenchmarkLookup/engine=(fstatat|faccessat)-pool\d+", n)]
+    uring = warm("uring-openpath/rings=cpus")
+    cold = lambda e: rows[f"BenchmarkLookupCold/engine={e}"]["ns/op"]
+    cold_pools = [n for n in rows if re.fullmatch(r"BenchmarkLookupCold/engine=fstatat-pool\d+", n)]
+    return {
+        "warm_pool": uring / max(rows[n]["keys/s"] for n in pools),
+        "warm_loop": uring / warm("fstatat-loop"),
+        "cold_pool": min(rows[n]["ns/op"] for n in cold_pools) / cold("uring-openpath"),
+        "cached": rows["BenchmarkLookupCached/engine=uring"]["keys/s"] / 1e6,
+    }
+
+
+def loads(b, a):
+    rows = b.bench("BenchmarkLoad/size=(64KiB|256KiB|2MiB)/io=buffered/engine=(uring|sync)$", a.benchtime)
+    out = {}
+    for size in ("64KiB", "256KiB", "2MiB"):
+        base = f"BenchmarkLoad/size={size}/io=buffered/engine="
+        out[f"load_{size}"] = rows[base + "uring/rings=cpus"]["MB/s"] / rows[base + "sync"]["MB/s"]
+    return out
+
+
+def fuse(b, a):
+    out = run([f"{b.bin}/linux.test", "-test.run", "TestSlowFilesystem$", "-test.v", "-test.count", "1"],
+              cwd=os.path.join(b.tree, "linux_test"))
+    if "--- SKIP" in out:
+        raise RuntimeError("TestSlowFilesystem skipped: " + out[-500:])
+    m = re.search(r"uring engine: .*\(([\d.]+)x the statx loop, ([\d.]+)x the pool\)", out)
+    if not m:
+        raise RuntimeError("no io_uring line in TestSlowFilesystem's log:\n" + out[-1500:])
+    return {"fuse_loop": float(m[1]), "fuse_pool": float(m[2])}
+
+
+def json_lines(out):
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def default(b, a):
+    rows = {}
+    for r in json_lines(run([f"{b.bin}/tierbench", "--json"], cwd=tempfile.gettempdir())):
+        if r.get("type") == "result":
+            rows[(r["workload"], r["engine"])] = r
+    out = {}
+    for w in ("lookup", "load", "store"):
+        u, s = rows[(w, "uring")], rows[(w, "sync")]
+        out[f"{w}_rate"] = u["keys_per_sec"] / s["keys_per_sec"]
+        out[f"{w}_cpu"] = u["cpu_us_per_key"] / s["cpu_us_per_key"]
+        out[f"{w}_p999"] = u["caller_us"]["p999"]
+        out[f"{w}_max"] = u["caller_max_us"] / s["caller_max_us"]
+    return out
+
+
+def mixed(b, a):
+    with tempfile.TemporaryDirectory() as d:
+        run([f"{b.bin}/tierbench", "populate", "--dir", d])
+        got = json_lines(run([f"{b.bin}/tierbench", "mixed", "--dir", d, "--engine", "all", "--json"]))
+    r = next(r for r in got if r.get("type") == "ratio" and r["engine"] == "uring")
+    return {"mixed_lookup": r["p99_ratio"]["lookup"], "mixed_load": r["p99_ratio"]["load"]}
+
+
+def fio(builds, a):
+    out = run(["bash", os.path.join(TOP, "cmd/tierbench/testdata/fio/run.sh"), str(a.rounds)]
+              + [f"{b.bin}/tierbench" for b in builds])
+    got = {b.name: {} for b in builds}
+    for line in out.splitlines():
+        m = re.match(r"(\S+) (load|store): ÷ fio per round ([\d. ]+);", line)
+        if m:
+            name = os.path.basename(os.path.dirname(m[1]))
+            got[name][f"fio_{m[2]}"] = [float(x) for x in m[3].split()]
+    return got
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--old", help="a revision to build and run beside this tree")
+    p.add_argument("--fio", action="store_true", help="also the 2 MiB O_DIRECT loads and stores against fio")
+    p.add_argument("--only", default=",".join(PARTS), help="the parts to run: " + ",".join(PARTS))
+    p.add_argument("--benchtime", default="1s", help="-test.benchtime of the tier's benchmarks")
+    a = p.parse_args()
+    parts = a.only.split(",") if a.only else []
+    if unknown := set(parts) - set(PARTS):
+        p.error(f"unknown parts: {', '.join(sorted(unknown))}")
+    with tempfile.TemporaryDirectory() as work:
+        builds = [Build("new", TOP, work)]
+        if a.old:
+            tree = os.path.join(work, "old-tree")
+            run(["git", "-C", TOP, "worktree", "add", "--detach", tree, a.old])
+            try:
+                builds.append(Build("old", tree, work))
+                measure(builds, parts, a)
+            finally:
+                run(["git", "-C", TOP, "worktree", "remove", "--force", tree], check=False)
+        else:
+            measure(builds, parts, a)
+
+
+def measure(builds, parts, a):
+    got = {b.name: {} for b in builds}  # build -> aim -> [value per round]
+    for r in range(a.rounds):
+        for k in range(len(builds)):
+            b = builds[(k + r) % len(builds)]
+            for part in parts:
+                print(f"round {r + 1}: {b.name}: {part}", file=sys.stderr)
+                try:
+                    figures = globals()[part](b, a)
+                except Exception as e:  # one part failing leaves the others' figures
+                    print(f"round {r + 1}: {b.name}: {part} failed: {e}", file=sys.stderr)
+                    continue
+                for key, v in figures.items():
+                    got[b.name].setdefault(key, []).append(v)
+                print(f"  {json.dumps({k: round(v, 3) for k, v in figures.items()})}", file=sys.stderr)
+    if a.fio:
+        print("fio: cmd/tierbench/testdata/fio/run.sh", file=sys.stderr)
+        for name, figures in fio(builds, a).items():
+            got[name].update(figures)
+    report(builds, got)
+
+
+def report(builds, got):
+    head = f"{'aim':44}" + "".join(f"{b.name + ': median (range) over rounds':>40}" for b in builds)
+    print(head)
+    for key, what, unit, met in AIMS:
+        cells = []
+        for b in builds:
+            vs = got[b.name].get(key)
+            if not vs:
+                cells.append("-")
+                continue
+            m = statistics.median(vs)
+            cells.append(f"{m:.2f}{unit} ({min(vs):.2f}–{max(vs):.2f}, {len(vs)}) {'met' if met(m) else 'MISSED'}")
+        if any(c != "-" for c in cells):
+            print(f"{what:44}" + "".join(f"{c:>40}" for c in cells))
+
+
+if __name__ == "__main__":
+    main()
