@@ -48,17 +48,28 @@ func TestDiscardOn(t *testing.T) {
 	assert.ErrorContains(t, err, "device 8:1 not in mountinfo")
 }
 
-// TestDiscardMount finds the filesystem of a real directory.
-func TestDiscardMount(t *testing.T) {
-	src, _, err := discardMount(t.TempDir())
-	require.NoError(t, err)
-	assert.NotEmpty(t, src)
-	_, _, err = discardMount(t.TempDir() + "/missing")
-	assert.Error(t, err)
+// TestExt4NoJournal reads a sysfs tree: the device's name from
+// dev/block, then its ext4 journal_task.
+func TestExt4NoJournal(t *testing.T) {
+	root := t.TempDir()
+	for dev, name := range map[string]string{"7:1": "loop1", "7:2": "loop2", "254:0": "vda", "8:0": "sda"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(root, "dev/block"), 0o755))
+		require.NoError(t, os.Symlink("../../devices/virtual/block/"+name, filepath.Join(root, "dev/block", dev)))
+	}
+	for name, task := range map[string]string{"loop1": "<none>\n", "loop2": "1234\n", "vda": "<none>\n"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(root, "fs/ext4", name), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(root, "fs/ext4", name, "journal_task"), []byte(task), 0o644))
+	}
+	assert.True(t, ext4NoJournal(root, "7:1"))
+	assert.True(t, ext4NoJournal(root, "254:0"))
+	assert.False(t, ext4NoJournal(root, "7:2"), "a journal")
+	assert.False(t, ext4NoJournal(root, "8:0"), "not ext4")
+	assert.False(t, ext4NoJournal(root, "9:9"), "no such device")
 }
 
 // TestDiscardNote: a store run whose data set is on an ext4 mounted with
-// discard says so under its table; mounted nodiscard, it does not.
+// discard says so under its table, and on an ext4 without a journal says
+// that; mounted nodiscard with a journal, it says neither.
 func TestDiscardNote(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to attach a loop device and mount it")
@@ -73,23 +84,34 @@ func TestDiscardNote(t *testing.T) {
 		require.NoError(t, err, "%s %v: %s", name, args, out)
 		return strings.TrimSpace(string(out))
 	}
-	img := filepath.Join(t.TempDir(), "ext4.img")
-	require.NoError(t, os.WriteFile(img, nil, 0o600))
-	require.NoError(t, os.Truncate(img, 64<<20))
-	sh("mkfs.ext4", "-q", "-F", img)
-	dev := sh("losetup", "--find", "--show", img)
-	t.Cleanup(func() { exec.Command("losetup", "--detach", dev).Run() })
-	for _, opt := range []string{"discard", "nodiscard"} {
-		t.Run(opt, func(t *testing.T) {
+	loop := func(mkfs ...string) string { // a fresh ext4 image of mkfs's options, on a loop device
+		img := filepath.Join(t.TempDir(), "ext4.img")
+		require.NoError(t, os.WriteFile(img, nil, 0o600))
+		require.NoError(t, os.Truncate(img, 64<<20))
+		sh("mkfs.ext4", append([]string{"-q", "-F"}, append(mkfs, img)...)...)
+		dev := sh("losetup", "--find", "--show", img)
+		t.Cleanup(func() { exec.Command("losetup", "--detach", dev).Run() })
+		return dev
+	}
+	journal, none := loop(), loop("-O", "^has_journal")
+	for _, c := range []struct{ name, dev, opt string }{
+		{"discard", journal, "discard"}, {"nodiscard", journal, "nodiscard"}, {"nojournal", none, "nodiscard"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
-			require.NoError(t, unix.Mount(dev, dir, "ext4", 0, opt))
+			require.NoError(t, unix.Mount(c.dev, dir, "ext4", 0, c.opt))
 			t.Cleanup(func() { unix.Unmount(dir, 0) })
 			mustRun(t, append([]string{"populate", "--dir", dir}, tiny[:4]...)...)
 			out := mustRun(t, append([]string{"store", "--dir", dir, "--engine", "sync"}, tinyWorkload...)...)
-			if opt == "discard" {
-				assert.Regexp(t, `(?m)^\S+ is on `+regexp.QuoteMeta(dev)+`, mounted with discard: `, out)
+			if c.opt == "discard" {
+				assert.Regexp(t, `(?m)^\S+ is on `+regexp.QuoteMeta(c.dev)+`, mounted with discard: `, out)
 			} else {
 				assert.NotContains(t, out, "mounted with discard", out)
+			}
+			if c.dev == none {
+				assert.Regexp(t, `(?m)^\S+ is on `+regexp.QuoteMeta(c.dev)+`, an ext4 without a journal: `, out)
+			} else {
+				assert.NotContains(t, out, "without a journal", out)
 			}
 		})
 	}

@@ -95,7 +95,7 @@ func cmdMixed(ctx context.Context, c *config) error {
 		return err
 	}
 	defer stop()
-	s.noteDiscard()
+	s.noteStoreMount()
 	all, err := s.runEngines(func(kind tier.EngineKind) ([]*result, error) { return s.runMixed(ctx, kind) })
 	// The blocks stored are there also when a later engine failed.
 	if s.stored > 0 {

@@ -122,7 +122,7 @@ func (s *session) runWorkloads(ctx context.Context, names []string) ([]*result, 
 	}
 	defer stop()
 	if slices.Contains(names, "store") && !s.child() {
-		s.noteDiscard()
+		s.noteStoreMount()
 	}
 	if s.c.jobs > 1 && !s.child() {
 		return s.runJobs(ctx, names)
