@@ -15,11 +15,14 @@ one first each round), it runs:
            callers' p99.9, its longest call ÷ the sync engine's
   mixed    `tierbench mixed --engine all --json`: the io_uring engine's readers' p99, with 1 GiB of
            stores in flight ÷ without
+  gluster  (with --only) the README's GlusterFS volumes, client caching off and on, each a one-brick
+           volume of this machine's glusterd (running): `tierbench run --engine all --rounds 2 --batch
+           lookup=128`, the io_uring engine's keys a second ÷ the sync engine's per workload and round
 and with --fio, once for all rounds, cmd/tierbench/testdata/fio/run.sh (2 MiB O_DIRECT loads and
-stores ÷ fio's; root, fio, 9 GiB of memory). GlusterFS is not run (see the README for its volumes).
+stores ÷ fio's; root, fio, 9 GiB of memory).
 Then, per aim and build, the median over the rounds, the range, and whether the median meets it.
 
-usage: python3 cmd/tierbench/testdata/aims/run.py [--rounds 3] [--old REV] [--fio] [--only lookups,loads,...]
+usage: python3 cmd/tierbench/testdata/aims/run.py [--rounds 3] [--old REV] [--fio] [--only lookups,loads,...,gluster]
 Root for the cold lookups (they drop the caches) and for FUSE; Go; about 2 minutes a round a build.
 """
 import argparse
@@ -33,7 +36,8 @@ import tempfile
 
 TOP = subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(__file__)), "rev-parse", "--show-toplevel"],
                      check=True, capture_output=True, text=True).stdout.strip()
-PARTS = ["lookups", "loads", "fuse", "default", "mixed"]
+PARTS = ["lookups", "loads", "fuse", "default", "mixed", "gluster"]
+DEFAULT_PARTS = PARTS[:-1]  # gluster with --only: it needs glusterd running
 
 # Each aim: (key, what, unit, met(value)). Ratios are this engine's figure ÷ the other's.
 AIMS = [
@@ -54,6 +58,8 @@ AIMS = [
 ]] + [
     ("mixed_lookup", "lookups' p99 with stores ÷ without", "×", lambda v: v < 2),
     ("mixed_load", "loads' p99 with stores ÷ without", "×", lambda v: v < 2),
+] + [(f"gluster_{c}_{w}", f"GlusterFS, caching {c}: {w}s ÷ sync", "×", lambda v: v >= 1)
+       for c in ("off", "on") for w in ("lookup", "load", "store")] + [
     ("fio_load", "O_DIRECT 2 MiB loads ÷ fio", "×", lambda v: v >= 1),
     ("fio_store", "O_DIRECT 2 MiB stores ÷ fio", "×", lambda v: v >= 0.8),
 ]
@@ -155,6 +161,43 @@ def mixed(b, a):
     return {"mixed_lookup": r["p99_ratio"]["lookup"], "mixed_load": r["p99_ratio"]["load"]}
 
 
+def gluster(b, a):
+    """The README's GlusterFS volumes, client caching off and on: a one-brick volume of this machine's
+    glusterd each, `tierbench run --engine all --rounds 2 --batch lookup=128`, io_uring ÷ sync a round."""
+    run(["gluster", "--mode=script", "pool", "list"])  # glusterd is running
+    host = next(x for x in run(["hostname", "-I"]).split() if ":" not in x and not x.startswith("127."))
+    out = {}
+    for caching in ("off", "on"):
+        vol = f"aims-{caching}-{os.getpid()}"
+        with tempfile.TemporaryDirectory() as brick, tempfile.TemporaryDirectory() as mnt:
+            os.mkdir(f"{brick}/b")
+            run(["gluster", "--mode=script", "volume", "create", vol, f"{host}:{brick}/b", "force"])
+            try:
+                opts = "log-level=WARNING"
+                if caching == "off":
+                    for o in ("stat-prefetch", "quick-read", "io-cache", "read-ahead", "open-behind", "readdir-ahead"):
+                        run(["gluster", "--mode=script", "volume", "set", vol, f"performance.{o}", "off"])
+                    opts += ",attribute-timeout=0,entry-timeout=0,negative-timeout=0"
+                run(["gluster", "--mode=script", "volume", "start", vol])
+                run(["mount", "-t", "glusterfs", "-o", opts, f"{host}:/{vol}", mnt])
+                try:
+                    rows = {}
+                    for r in json_lines(run([f"{b.bin}/tierbench", "run", "--dir", f"{mnt}/tb", "--engine", "all",
+                                             "--rounds", "2", "--batch", "lookup=128", "--json"])):
+                        if r.get("type") == "result":
+                            rows[(r.get("round", 1), r["workload"], r["engine"])] = r
+                    for rnd in sorted({k[0] for k in rows}):
+                        for w in ("lookup", "load", "store"):
+                            out.setdefault(f"gluster_{caching}_{w}", []).append(
+                                rows[(rnd, w, "uring")]["keys_per_sec"] / rows[(rnd, w, "sync")]["keys_per_sec"])
+                finally:
+                    run(["umount", "-l", mnt], check=False)
+            finally:
+                run(["gluster", "--mode=script", "volume", "stop", vol, "force"], check=False)
+                run(["gluster", "--mode=script", "volume", "delete", vol], check=False)
+    return out
+
+
 def fio(builds, a):
     out = run(["bash", os.path.join(TOP, "cmd/tierbench/testdata/fio/run.sh"), str(a.rounds)]
               + [f"{b.bin}/tierbench" for b in builds])
@@ -172,7 +215,8 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--old", help="a revision to build and run beside this tree")
     p.add_argument("--fio", action="store_true", help="also the 2 MiB O_DIRECT loads and stores against fio")
-    p.add_argument("--only", default=",".join(PARTS), help="the parts to run: " + ",".join(PARTS))
+    p.add_argument("--only", default=",".join(DEFAULT_PARTS),
+                   help=f"the parts to run, of {','.join(PARTS)} (default: all but gluster)")
     p.add_argument("--benchtime", default="1s", help="-test.benchtime of the tier's benchmarks")
     a = p.parse_args()
     parts = a.only.split(",") if a.only else []
