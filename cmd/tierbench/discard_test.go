@@ -52,8 +52,8 @@ func TestDiscardOn(t *testing.T) {
 // dev/block, then its ext4 journal_task.
 func TestExt4NoJournal(t *testing.T) {
 	root := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "dev/block"), 0o755))
 	for dev, name := range map[string]string{"7:1": "loop1", "7:2": "loop2", "254:0": "vda", "8:0": "sda"} {
-		require.NoError(t, os.MkdirAll(filepath.Join(root, "dev/block"), 0o755))
 		require.NoError(t, os.Symlink("../../devices/virtual/block/"+name, filepath.Join(root, "dev/block", dev)))
 	}
 	for name, task := range map[string]string{"loop1": "<none>\n", "loop2": "1234\n", "vda": "<none>\n"} {
