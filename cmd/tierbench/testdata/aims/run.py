@@ -135,18 +135,23 @@ def json_lines(out):
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
+def rounds(out):
+    """tierbench --json's result rows: {round: {(workload, engine): row}}."""
+    got = {}
+    for r in json_lines(out):
+        if r.get("type") == "result":
+            got.setdefault(r.get("round", 1), {})[(r["workload"], r["engine"])] = r
+    return [got[k] for k in sorted(got)]
+
+
 def default(b, a):
     # Two rounds, each engine first once: on an ext4 without a journal (this VM's /tmp) a store
     # costs more CPU the more files were deleted in the minutes before, so whichever engine went
     # first after the last run's data set was removed would pay for it.
-    rows = {}
-    for r in json_lines(run([f"{b.bin}/tierbench", "--rounds", "2", "--json"], cwd=tempfile.gettempdir())):
-        if r.get("type") == "result":
-            rows[(r.get("round", 1), r["workload"], r["engine"])] = r
     out = {}
-    for rnd in sorted({k[0] for k in rows}):
+    for rows in rounds(run([f"{b.bin}/tierbench", "--rounds", "2", "--json"], cwd=tempfile.gettempdir())):
         for w in ("lookup", "load", "store"):
-            u, s = rows[(rnd, w, "uring")], rows[(rnd, w, "sync")]
+            u, s = rows[(w, "uring")], rows[(w, "sync")]
             for key, v in ((f"{w}_rate", u["keys_per_sec"] / s["keys_per_sec"]),
                            (f"{w}_cpu", u["cpu_us_per_key"] / s["cpu_us_per_key"]),
                            (f"{w}_p999", u["caller_us"]["p999"]),
@@ -196,15 +201,11 @@ def gluster(b, a):
                 run(["gluster", "--mode=script", "volume", "start", vol])
                 run(["mount", "-t", "glusterfs", "-o", opts, f"{host}:/{vol}", mnt])
                 try:
-                    rows = {}
-                    for r in json_lines(run([f"{b.bin}/tierbench", "run", "--dir", f"{mnt}/tb", "--engine", "all",
-                                             "--rounds", "2", "--batch", "lookup=128", "--json"])):
-                        if r.get("type") == "result":
-                            rows[(r.get("round", 1), r["workload"], r["engine"])] = r
-                    for rnd in sorted({k[0] for k in rows}):
+                    for rows in rounds(run([f"{b.bin}/tierbench", "run", "--dir", f"{mnt}/tb", "--engine", "all",
+                                            "--rounds", "2", "--batch", "lookup=128", "--json"])):
                         for w in ("lookup", "load", "store"):
                             out.setdefault(f"gluster_{caching}_{w}", []).append(
-                                rows[(rnd, w, "uring")]["keys_per_sec"] / rows[(rnd, w, "sync")]["keys_per_sec"])
+                                rows[(w, "uring")]["keys_per_sec"] / rows[(w, "sync")]["keys_per_sec"])
                 finally:
                     run(["umount", "-l", mnt], check=False)
             finally:
