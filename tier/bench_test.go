@@ -608,7 +608,7 @@ func dropCaches() error {
 //
 // op=idle: one Lookup at a time, 100 µs after the last one's result, as a
 // scheduler asks between steps: each call finds the owners asleep and
-// wakes them.
+// wakes them. Its cpu-µs/call is the process's CPU a call and its sleep.
 func BenchmarkCallerFloor(b *testing.B) {
 	const spinFor, callSpin, lookupSpin = 20 * time.Microsecond, 2500 * time.Nanosecond, 6 * time.Microsecond
 	dir := lookupFixture(b)
@@ -754,6 +754,7 @@ func BenchmarkCallerFloor(b *testing.B) {
 			var lookups latency.Counts
 			results := make([]Result, 1)
 			req := uint64(0)
+			cpu := processCPU(b)
 			for b.Loop() {
 				req++
 				t0 := time.Now()
@@ -768,6 +769,7 @@ func BenchmarkCallerFloor(b *testing.B) {
 				time.Sleep(100 * time.Microsecond)
 			}
 			report(b, "lookup-call", &lookups)
+			b.ReportMetric(float64((processCPU(b)-cpu).Microseconds())/float64(b.N), "cpu-µs/call")
 		})
 	}
 }

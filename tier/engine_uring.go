@@ -246,8 +246,9 @@ type uringBackend struct {
 	verdicts  []verdict // Judges run aside, for the owner to take; under asideMu
 	spareV    []verdict
 
-	lingerMiss int // lingers in a row that no wake ended (lingers)
-	naps       int // naps so far (lingers)
+	loaded     bool // the last ops the owner finished had a load among them (lingers)
+	lingerMiss int  // lingers in a row that no wake ended (lingers)
+	naps       int  // naps so far (lingers)
 }
 
 // verdict is what a Judge run aside returned for op i.
@@ -573,6 +574,9 @@ func (b *uringBackend) flushDone(done []int32) []int32 {
 			b.framed[i] = 0
 		}
 	}
+	if len(b.doneQ) > 0 {
+		b.loaded = slices.ContainsFunc(b.doneQ, func(i int32) bool { return b.s.ops[i].kind == OpLoad })
+	}
 	done = append(done, b.doneQ...)
 	b.doneQ = b.doneQ[:0]
 	return done
@@ -757,7 +761,7 @@ func (b *uringBackend) mayYield() bool {
 		return false
 	}
 	metrics.Read(b.runnable[:])
-	return b.runnable[0].Value.Uint64() > 0
+	return b.runnable[0].Value.Uint64() > uint64(max(b.t.lingerers.Load(), 0))
 }
 
 // ownerYields, when set (by tests), is called on the owner's goroutine
@@ -1291,7 +1295,11 @@ func (b *uringBackend) idle(d time.Duration) (woken bool) {
 // wake ended the sleep.
 func (b *uringBackend) nap(d time.Duration) (woken bool) {
 	if b.yield && b.lingers() {
-		if b.linger(min(d, lingerMax)) {
+		woken := b.linger(min(d, lingerMax))
+		if ownerLingered != nil {
+			ownerLingered(b.s, woken)
+		}
+		if woken {
 			b.lingerMiss = 0
 			return true
 		}
@@ -1307,18 +1315,23 @@ func (b *uringBackend) nap(d time.Duration) (woken bool) {
 	return woken
 }
 
-// linger keeps the owner's P for at most d, yielding it to any goroutine
-// that waits for one, and reports whether a wake came meanwhile. An owner
-// that has just answered ops lingers before it parks: the caller it
-// answered is likely to submit again within microseconds, and an owner
-// parked then costs its wake a P handed over to an idle thread (a futex
-// wake, the runtime's spinning threads, a thread switch on the caller's
-// CPU) instead of a channel send seen by a running goroutine.
-// BenchmarkLoad through the page cache, one key a request, 4 in flight:
-// without lingering the CPUs sat a third idle (/proc/stat), the process made
-// 28,600 context switches a second against the sync engine's 1,200, and its
-// Ps were idle for 1% of the time (runtime/trace): its threads slept, in
-// futex and in the runtime's 3 µs sleeps before stealing a goroutine.
+// linger keeps the owner's P for at most d, handing it to any goroutine
+// that waits for one (runtime.Gosched, counted in Tier.lingerers so that
+// no busy owner yields to a lingering one: mayYield), and reports whether
+// a wake came meanwhile. An owner that has answered loads lingers before
+// it parks: the caller it answered, readied on this P, runs its Poll and
+// its next Load at the Gosched, and the wake that Load makes is a channel
+// send to an owner still running, not a parked goroutine's wake-up.
+// BenchmarkLoad through the page cache (64 KiB, one key a request, 4 in
+// flight), each figure a second of the same run, parked against lingering:
+// the CPUs 65-70% busy against 97-99% (/proc/stat), 25,300 context
+// switches against 2,200, 2,030 of the runtime's sleeps before stealing a
+// goroutine (runqgrab's usleep, 50 µs with the timer slack) against 210,
+// 2,360 futex calls against 160; 83,000 keys a second against 116,000.
+// Not after lookups or stores alone: with owners lingering after lookups
+// too, TestOwnersYieldToWaiters found a goroutine runnable through a whole
+// 4,096-key lookup in some runs (the busy owner yielding at each of its
+// chunks), a cause not found, and nothing measured asked for it there.
 func (b *uringBackend) linger(d time.Duration) (woken bool) {
 	end := time.Now().Add(d)
 	for {
@@ -1330,19 +1343,25 @@ func (b *uringBackend) linger(d time.Duration) (woken bool) {
 		if !time.Now().Before(end) {
 			return false
 		}
+		b.t.lingerers.Add(1)
 		runtime.Gosched()
+		b.t.lingerers.Add(-1)
 	}
 }
 
-// lingers reports whether the owner lingers before its next nap: unless
-// its last lingerMisses lingers ended with no wake, and then every
-// lingerProbe'th nap, to find out whether they would again. A caller that
-// asks now and then (BenchmarkCallerFloor/op=idle) costs an owner a
-// linger's CPU in one nap of lingerProbe.
+// lingers reports whether the owner lingers before its next nap: after
+// ops among which was a load, unless its last lingerMisses lingers ended
+// with no wake, and then every lingerProbe'th nap, to find out whether
+// they would again. A caller that loads now and then costs an owner a
+// linger's CPU in one nap of lingerProbe (TestOwnersLingerWhileAsked).
 func (b *uringBackend) lingers() bool {
 	b.naps++
-	return b.lingerMiss < lingerMisses || b.naps%lingerProbe == 0
+	return b.loaded && (b.lingerMiss < lingerMisses || b.naps%lingerProbe == 0)
 }
+
+// ownerLingered, when set (by tests), is called on the owner's goroutine
+// after each linger, with whether a wake ended it.
+var ownerLingered func(s *shard, woken bool)
 
 // How long an owner lingers at most, and when it stops (lingers).
 const (

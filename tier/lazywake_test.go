@@ -183,3 +183,45 @@ func TestOwnersYieldToWaiters(t *testing.T) {
 	wg.Wait()
 	assert.Greater(t, n, chunks/4, "yields with goroutines waiting for a P")
 }
+
+// TestOwnersLingerWhileAsked: an owner that has answered loads lingers
+// before it parks while its lingers end in a wake (a caller that asks again
+// at once), and all but stops lingering when they do not (one that asks now
+// and then). One P and one ring, so that every request wakes the one owner.
+func TestOwnersLingerWhileAsked(t *testing.T) {
+	procs := runtime.GOMAXPROCS(1)
+	t.Cleanup(func() { runtime.GOMAXPROCS(procs) })
+	var lingers, woken atomic.Int64
+	ownerLingered = func(_ *shard, w bool) {
+		lingers.Add(1)
+		if w {
+			woken.Add(1)
+		}
+	}
+	t.Cleanup(func() { ownerLingered = nil }) // after the tier's Close, which the owner's exit precedes
+	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.Rings = 1 })
+	require.NoError(t, tr.Store(1, testKeys(0), [][]byte{testPayload(0)}))
+	require.Equal(t, StatusStored, await(t, tr, 1)[1].Keys[0].Status)
+	buf := make([]byte, len(testPayload(0)))
+	req := uint64(1)
+	loads := func(n int, pause time.Duration) {
+		t.Helper()
+		lingers.Store(0)
+		woken.Store(0)
+		for range n {
+			time.Sleep(pause)
+			req++
+			require.NoError(t, tr.Load(req, testKeys(0), [][]byte{buf}))
+			require.Equal(t, StatusLoaded, await(t, tr, req)[req].Keys[0].Status)
+		}
+	}
+
+	const asked = 200
+	loads(asked, 0)
+	assert.Greater(t, woken.Load(), int64(asked/2), "lingers that a caller asking at once ended (of %d)", lingers.Load())
+
+	const now = 64
+	loads(now, 2*time.Millisecond)
+	assert.LessOrEqual(t, lingers.Load(), int64(lingerMisses+now/lingerProbe+2), "lingers with a caller asking every 2 ms")
+	assert.Zero(t, woken.Load(), "lingers a caller asking every 2 ms ended")
+}
