@@ -31,7 +31,10 @@
 // kernel holds none of its operations and otherwise on the ring's eventfd in
 // Go's netpoller, holding no P either way (with fewer rings than Ps, where a
 // caller finds a P anyway, a locked owner sleeps in io_uring_enter and no
-// owner yields its P); on FUSE, NFS and unknown filesystems, with many
+// owner yields its P). An owner that has just answered loads first lingers
+// up to 20 µs, handing its P to any goroutine that waits for one, while its
+// lingers keep ending in a caller's wake (uringBackend.linger). On FUSE, NFS
+// and unknown filesystems, with many
 // operations there that take long, it first lets their completions gather
 // for a while (gatherWindow); callers hand it work through a
 // mutex-guarded inbox and wake it (a load, store or delete only when no
