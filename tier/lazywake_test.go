@@ -187,10 +187,10 @@ func TestOwnersYieldToWaiters(t *testing.T) {
 // TestOwnersLingerWhileAsked: an owner that has answered loads lingers
 // before it parks while its lingers end in a wake (a caller that asks again
 // at once), and all but stops lingering when they do not (one that asks now
-// and then). One P and one ring, so that every request wakes the one owner.
+// and then). A ring per P, and every load into the one buffer of the tier,
+// whose page-cache loads go back to the ring its last load went to: one
+// owner answers them all.
 func TestOwnersLingerWhileAsked(t *testing.T) {
-	procs := runtime.GOMAXPROCS(1)
-	t.Cleanup(func() { runtime.GOMAXPROCS(procs) })
 	var lingers, woken atomic.Int64
 	ownerLingered = func(_ *shard, w bool) {
 		lingers.Add(1)
@@ -199,10 +199,12 @@ func TestOwnersLingerWhileAsked(t *testing.T) {
 		}
 	}
 	t.Cleanup(func() { ownerLingered = nil }) // after the tier's Close, which the owner's exit precedes
-	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.Rings = 1 })
+	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) {
+		o.Rings, o.Buffers, o.NoDirect = runtime.GOMAXPROCS(0), 1, true
+	})
 	require.NoError(t, tr.Store(1, testKeys(0), [][]byte{testPayload(0)}))
 	require.Equal(t, StatusStored, await(t, tr, 1)[1].Keys[0].Status)
-	buf := make([]byte, len(testPayload(0)))
+	buf := tr.Buffers()[0][:len(testPayload(0))]
 	req := uint64(1)
 	loads := func(n int, pause time.Duration) {
 		t.Helper()
