@@ -761,7 +761,7 @@ func (b *uringBackend) mayYield() bool {
 		return false
 	}
 	metrics.Read(b.runnable[:])
-	return b.runnable[0].Value.Uint64() > uint64(max(b.t.lingerers.Load(), 0))
+	return b.runnable[0].Value.Uint64() > 0
 }
 
 // ownerYields, when set (by tests), is called on the owner's goroutine
@@ -1316,10 +1316,9 @@ func (b *uringBackend) nap(d time.Duration) (woken bool) {
 }
 
 // linger keeps the owner's P for at most d, handing it to any goroutine
-// that waits for one (runtime.Gosched, counted in Tier.lingerers so that
-// no busy owner yields to a lingering one: mayYield), and reports whether
-// a wake came meanwhile. An owner that has answered loads lingers before
-// it parks: the caller it answered, readied on this P, runs its Poll and
+// that waits for one (runtime.Gosched), and reports whether a wake came
+// meanwhile. An owner that has answered loads lingers before it parks:
+// the caller it answered, readied on this P, runs its Poll and
 // its next Load at the Gosched, and the wake that Load makes is a channel
 // send to an owner still running, not a parked goroutine's wake-up.
 // BenchmarkLoad through the page cache (64 KiB, one key a request, 4 in
@@ -1331,7 +1330,8 @@ func (b *uringBackend) nap(d time.Duration) (woken bool) {
 // Not after lookups or stores alone: with owners lingering after lookups
 // too, TestOwnersYieldToWaiters found a goroutine runnable through a whole
 // 4,096-key lookup in some runs (the busy owner yielding at each of its
-// chunks), a cause not found, and nothing measured asked for it there.
+// chunks), and one A/B of warm lookups (docs/performance.md, 2026-12-07)
+// is too little to weigh against that.
 func (b *uringBackend) linger(d time.Duration) (woken bool) {
 	end := time.Now().Add(d)
 	for {
@@ -1343,9 +1343,7 @@ func (b *uringBackend) linger(d time.Duration) (woken bool) {
 		if !time.Now().Before(end) {
 			return false
 		}
-		b.t.lingerers.Add(1)
 		runtime.Gosched()
-		b.t.lingerers.Add(-1)
 	}
 }
 

@@ -196,7 +196,7 @@ func TestOwnersYieldToWaiters(t *testing.T) {
 // TestOwnersLingerWhileAsked: an owner that has answered loads lingers
 // before it parks while its lingers end in a wake (a caller that asks again
 // at once), and all but stops lingering when they do not (one that asks now
-// and then). A ring per P, and every load into the one buffer of the tier,
+// and then); after lookups it does not linger. A ring per P, and every load into the one buffer of the tier,
 // whose page-cache loads go back to the ring its last load went to: one
 // owner answers them all.
 func TestOwnersLingerWhileAsked(t *testing.T) {
@@ -235,4 +235,18 @@ func TestOwnersLingerWhileAsked(t *testing.T) {
 	loads(now, 2*time.Millisecond)
 	assert.LessOrEqual(t, lingers.Load(), int64(lingerMisses+now/lingerProbe+2), "lingers with a caller asking every 2 ms")
 	assert.Zero(t, woken.Load(), "lingers a caller asking every 2 ms ended")
+
+	// Lookups asked at once: no linger once the owners have answered one.
+	lookup := func() {
+		req++
+		require.NoError(t, tr.Lookup(req, testKeys(int(req))))
+		require.Equal(t, StatusMissing, await(t, tr, req)[req].Keys[0].Status)
+	}
+	lookup()
+	lookup()
+	lingers.Store(0)
+	for range asked {
+		lookup()
+	}
+	assert.Zero(t, lingers.Load(), "lingers after lookups")
 }

@@ -57,7 +57,6 @@ type Tier struct {
 	spread     atomic.Uint64         // runs of loads dealt so far: where dealLoad starts looking, so that ties go round
 	draining   atomic.Int32          // Close, and owners still waiting for the kernel after it: the last frees the buffers
 	poolStores atomic.Int32          // stores on the io_uring engine's store pools, all rings' (ringWriteMin)
-	lingerers  atomic.Int32          // io_uring owners yielding their P while they linger: runnable, but waiting for nothing (mayYield)
 	broken     atomic.Pointer[error] // set once when an engine fails (ErrBroken): submits return it
 
 	evictor   *evictor      // with a capacity; nil otherwise
