@@ -445,10 +445,19 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 			return nil, fmt.Errorf("tier: %w", err)
 		}
 		// Through the raw connection: File.Read would wrap each deadline
-		// in a new *PathError, an allocation per idle wait.
+		// in a new *PathError, an allocation per idle wait. A raw read,
+		// as wake's write: neither blocks, and a system call through
+		// the runtime's entersyscall made while every P was idle wakes
+		// its sysmon, which then wakes every 20 µs for a millisecond or
+		// more, each time taking some CPU from what ran there. Owners
+		// of O_DIRECT loads sleep here with every P idle all the time
+		// (BenchmarkCallerFloor/op=load/engine=uring, 2 runs: sysmon
+		// slept 300-570 times a second against 5,500-5,600; 4 more
+		// alternating: the longest call 83-170 µs against 162-307,
+		// the Load calls' p99.9 39 µs against 67 at the median).
 		b.evread = func(fd uintptr) bool {
-			_, err := unix.Read(int(fd), b.evbuf[:])
-			return err != unix.EAGAIN
+			_, _, e := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&b.evbuf[0])), uintptr(len(b.evbuf)))
+			return e != unix.EAGAIN
 		}
 		if err = b.ring.RegisterEventfd(fd); err != nil {
 			return nil, fmt.Errorf("tier: %w", err)
@@ -834,7 +843,7 @@ func (b *uringBackend) wake() {
 	case b.onEventfd.Load():
 		// The owner set onEventfd before it last looked at wakeC, so
 		// either it saw the token or it sees the eventfd.
-		unix.Write(b.evfdN, eventfdOne[:]) // EAGAIN: the counter is full, the owner wakes anyway
+		unix.RawSyscall(unix.SYS_WRITE, uintptr(b.evfdN), uintptr(unsafe.Pointer(&eventfdOne[0])), uintptr(len(eventfdOne))) // EAGAIN: the counter is full, the owner wakes anyway
 	}
 }
 
@@ -1327,11 +1336,11 @@ func (b *uringBackend) nap(d time.Duration) (woken bool) {
 // switches against 2,200, 2,030 of the runtime's sleeps before stealing a
 // goroutine another P readied (runqgrab's usleep) against 210,
 // 2,360 futex calls against 160; 83,000 keys a second against 116,000.
-// Not after lookups or stores alone: with owners lingering after lookups
-// too, TestOwnersYieldToWaiters found a goroutine runnable through a whole
-// 4,096-key lookup in some runs (the busy owner yielding at each of its
-// chunks), and one A/B of warm lookups (docs/performance.md, 2026-12-07)
-// is too little to weigh against that.
+// Not after lookups or stores alone: lingering after lookups too, warm
+// lookups (BenchmarkLookup, a ring per CPU) came out at 1.02 M keys a
+// second against 0.97 M at the median of 12 runs alternating, and 0.87 M
+// against 0.93 M in 5 more (docs/performance.md, 2026-12-07, second
+// sitting): within this VM's drift.
 func (b *uringBackend) linger(d time.Duration) (woken bool) {
 	end := time.Now().Add(d)
 	for {
