@@ -1293,8 +1293,11 @@ func (b *uringBackend) idle(d time.Duration) (woken bool) {
 		woken = true
 	default:
 		b.evfd.SetReadDeadline(time.Now().Add(d))
-		b.evraw.Read(b.evread) // a deadline passing is no error; what woke it is in the ring
-		woken = true           // or the kernel did: either way, look
+		err := b.evraw.Read(b.evread) // a deadline passing is no error; what woke it is in the ring
+		if eventfdSlept != nil {
+			eventfdSlept(b.s, errors.Is(err, os.ErrDeadlineExceeded))
+		}
+		woken = true // or the kernel did: either way, look
 	}
 	b.onEventfd.Store(false)
 	return woken
@@ -1365,6 +1368,11 @@ func (b *uringBackend) lingers() bool {
 	b.naps++
 	return b.loaded && (b.lingerMiss < lingerMisses || b.naps%lingerProbe == 0)
 }
+
+// eventfdSlept, when set (by tests), is called on the owner's goroutine
+// after each sleep on its ring's eventfd, with whether the sleep's bound
+// ended it.
+var eventfdSlept func(s *shard, bounded bool)
 
 // ownerLingered, when set (by tests), is called on the owner's goroutine
 // after each linger, with whether a wake ended it.

@@ -89,6 +89,7 @@ var notInConformanceSuite = map[string]string{
 	"TestIntakeYields":                           "it checks when the io_uring engine's owners yield",
 	"TestOwnersYieldToWaiters":                   "it counts the io_uring engine's owners' yields of their P",
 	"TestOwnersLingerWhileAsked":                 "it counts the io_uring engine's owners' lingers",
+	"TestLookupWakesOwnerOnEventfd":              "it counts the io_uring engine's owners' sleeps on their ring's eventfd",
 	"TestLookupCacheLoadEndsAfterDelete":         "it holds a load's checksum aside, which only the io_uring engine does",
 	"TestInvalidateLookupsInFlight":              "it holds a sync engine worker's op after its program ran (the cache it tests is the shards', common to both engines)",
 	"TestLookupAfterChangeStartsItsOwn":          "it holds a sync engine worker's op after its program ran (the sharing it tests is the shards', common to both engines)",

@@ -1,6 +1,7 @@
 package tier
 
 import (
+	"context"
 	"errors"
 	"os"
 	"runtime"
@@ -11,6 +12,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/uringtier/uringtier/blockstore"
+	"github.com/uringtier/uringtier/internal/faultfs"
 )
 
 // TestLazyWakeTakenIn: a store or load submitted while an op of its ring
@@ -226,12 +230,22 @@ func TestOwnersLingerWhileAsked(t *testing.T) {
 
 	const asked = 200
 	loads(asked, 0)
-	assert.Greater(t, woken.Load(), int64(asked/2), "lingers that a caller asking at once ended (of %d)", lingers.Load())
+	atLeast := int64(asked / 2)
+	if raceDetector {
+		// Between its answer and its next ask, a caller under the race
+		// detector often takes longer than a linger: as few as 51 of 200
+		// woken, under half in 4 runs of 8 here; none with lingering off.
+		atLeast = asked / 10
+	}
+	assert.Greater(t, woken.Load(), atLeast, "lingers that a caller asking at once ended (of %d)", lingers.Load())
 
 	const now = 64
 	loads(now, 2*time.Millisecond)
 	assert.LessOrEqual(t, lingers.Load(), int64(lingerMisses+now/lingerProbe+2), "lingers with a caller asking every 2 ms")
-	assert.Zero(t, woken.Load(), "lingers a caller asking every 2 ms ended")
+	// At most a couple: a linger's Gosched that returns after the caller's
+	// next ask (a busy machine, the race detector) ends it in a wake (1 in
+	// 7 runs with -race here).
+	assert.LessOrEqual(t, woken.Load(), int64(2), "lingers a caller asking every 2 ms ended")
 
 	// Lookups asked at once: no linger once the owners have answered one.
 	lookup := func() {
@@ -246,4 +260,50 @@ func TestOwnersLingerWhileAsked(t *testing.T) {
 		lookup()
 	}
 	assert.Zero(t, lingers.Load(), "lingers after lookups")
+}
+
+// TestLookupWakesOwnerOnEventfd: a lookup asked while the owner sleeps on
+// its ring's eventfd, a load hung in a FUSE filesystem and timed out still
+// in the kernel, wakes it through that eventfd (the caller's write, wake):
+// the owner's sleeps end before their bound (quietMax). Without the write
+// the owner slept out the bound for every lookup. One P and one ring: an
+// owner with a spare P sleeps in the kernel instead.
+func TestLookupWakesOwnerOnEventfd(t *testing.T) {
+	prev := runtime.GOMAXPROCS(1)
+	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
+	fsys := mountFaultFS(t)
+	var sleeps, bounded atomic.Int64
+	eventfdSlept = func(_ *shard, b bool) {
+		sleeps.Add(1)
+		if b {
+			bounded.Add(1)
+		}
+	}
+	t.Cleanup(func() { eventfdSlept = nil }) // after the tier's Close, which the owner's exit precedes
+	tr, err := Open(fsys.Mountpoint(), Options{BlockSize: testBlockSize, Engine: EngineURing, Rings: 1, IOTimeout: 50 * time.Millisecond})
+	require.NoError(t, err)
+	put(t, tr, 0)
+	hang, err := fsys.Inject(faultfs.Fault{Ops: faultfs.OpRead, Hang: true,
+		Filter: func(op faultfs.Op) bool { return op.Offset == 0 && op.Size == blockstore.HeaderSize+testBlockSize }})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		hang.Release()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, tr.Close(ctx))
+	})
+	require.NoError(t, tr.Load(1, testKeys(0), [][]byte{make([]byte, testBlockSize)}))
+	require.Equal(t, StatusTimedOut, await(t, tr, 1)[1].Keys[0].Status)
+	require.Positive(t, hang.Hung(), "the load's read did not reach the hang")
+
+	const lookups = 10
+	sleeps.Store(0)
+	bounded.Store(0)
+	for i := range lookups {
+		req := uint64(2 + i)
+		require.NoError(t, tr.Lookup(req, testKeys(100+i)))
+		require.Equal(t, StatusMissing, await(t, tr, req)[req].Keys[0].Status)
+	}
+	require.GreaterOrEqual(t, sleeps.Load(), int64(lookups), "sleeps on the eventfd")
+	assert.Less(t, bounded.Load(), int64(lookups/2), "sleeps the bound ended (of %d)", sleeps.Load())
 }
