@@ -201,13 +201,8 @@ func TestOwnersYieldToWaiters(t *testing.T) {
 // whose page-cache loads go back to the ring its last load went to: one
 // owner answers them all.
 func TestOwnersLingerWhileAsked(t *testing.T) {
-	var lingers, woken atomic.Int64
-	ownerLingered = func(_ *shard, w bool) {
-		lingers.Add(1)
-		if w {
-			woken.Add(1)
-		}
-	}
+	var lingers, woken *atomic.Int64
+	ownerLingered, lingers, woken = tally()
 	t.Cleanup(func() { ownerLingered = nil }) // after the tier's Close, which the owner's exit precedes
 	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) {
 		o.Rings, o.Buffers, o.NoDirect = runtime.GOMAXPROCS(0), 1, true
@@ -272,13 +267,8 @@ func TestLookupWakesOwnerOnEventfd(t *testing.T) {
 	prev := runtime.GOMAXPROCS(1)
 	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
 	fsys := mountFaultFS(t)
-	var sleeps, bounded atomic.Int64
-	eventfdSlept = func(_ *shard, b bool) {
-		sleeps.Add(1)
-		if b {
-			bounded.Add(1)
-		}
-	}
+	var sleeps, bounded *atomic.Int64
+	eventfdSlept, sleeps, bounded = tally()
 	t.Cleanup(func() { eventfdSlept = nil }) // after the tier's Close, which the owner's exit precedes
 	tr, err := Open(fsys.Mountpoint(), Options{BlockSize: testBlockSize, Engine: EngineURing, Rings: 1, IOTimeout: 50 * time.Millisecond})
 	require.NoError(t, err)
@@ -306,4 +296,16 @@ func TestLookupWakesOwnerOnEventfd(t *testing.T) {
 	}
 	require.GreaterOrEqual(t, sleeps.Load(), int64(lookups), "sleeps on the eventfd")
 	assert.Less(t, bounded.Load(), int64(lookups/2), "sleeps the bound ended (of %d)", sleeps.Load())
+}
+
+// tally returns an owner hook that counts its calls in all, and those that
+// say true in yes.
+func tally() (hook func(*shard, bool), all, yes *atomic.Int64) {
+	all, yes = new(atomic.Int64), new(atomic.Int64)
+	return func(_ *shard, b bool) {
+		all.Add(1)
+		if b {
+			yes.Add(1)
+		}
+	}, all, yes
 }
