@@ -159,10 +159,10 @@ func TestIntakeYields(t *testing.T) {
 func TestOwnersYieldToWaiters(t *testing.T) {
 	prev := runtime.GOMAXPROCS(1)
 	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
-	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.Rings, o.BatchMax = 1, 4096 })
 	var yields atomic.Int64
 	ownerYields = func(*shard) { yields.Add(1) }
-	t.Cleanup(func() { ownerYields = nil })
+	t.Cleanup(func() { ownerYields = nil }) // after the tier's Close, which the owner's exit precedes
+	tr := openTier(t, EngineURing, t.TempDir(), func(o *Options) { o.Rings, o.BatchMax = 1, 4096 })
 	const keys = 4096
 	chunks := int64(keys / submitChunk)
 	lookup := func(req uint64) int64 {
