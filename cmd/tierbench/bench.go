@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"runtime/trace"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -305,7 +306,9 @@ func (d *driver) submitNext() bool {
 	}
 	req |= d.stream << streamShift
 	t0 := time.Now()
+	region := trace.StartRegion(context.Background(), "submit")
 	err := d.submit(req, keys, bufs)
+	region.End()
 	d.observe(&d.res.submitMax, time.Since(t0))
 	if errors.Is(err, tier.ErrBusy) {
 		return false // the tier's depth is full: poll first
@@ -377,7 +380,9 @@ func (m *mux) wait(wake time.Duration) {
 func (m *mux) pollAll() {
 	for {
 		t0 := time.Now()
+		region := trace.StartRegion(context.Background(), "poll") // --trace; nothing otherwise
 		n := m.tr.Poll(m.results)
+		region.End()
 		now := time.Now()
 		for _, d := range m.ds {
 			if !d.ended {

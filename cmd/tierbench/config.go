@@ -116,6 +116,7 @@ type config struct {
 	interval    time.Duration // a line per interval; 0: none
 	metricsAddr string        // serve Prometheus metrics here during the run
 	plot        string        // draw the run into this PNG or SVG file
+	trace       string        // write a Go execution trace of each measured stretch to files named so
 	jobs        int           // processes, each with its own tier, on one directory
 	rounds      int           // run the engines this many times, in alternating order
 	jobIndex    int           // in a job's process: its index; -1 in the parent

@@ -159,7 +159,14 @@ func (s *session) runMixed(ctx context.Context, kind tier.EngineKind) ([]*result
 			s.dropCaches()
 		}
 		collect()
+		stopTrace, err := s.startTrace("mixed-"+phase, tr.Engine().Kind.String())
+		if err != nil {
+			return out, err
+		}
 		rs := s.runPhase(ctx, tr, phase, streams, &next, s.limits())
+		if err := stopTrace(); err != nil {
+			return out, err
+		}
 		// The phase's evictions go to its store row, or its first.
 		for i, r := range rs {
 			if r.Workload == "store" || i == len(rs)-1 {

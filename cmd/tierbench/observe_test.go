@@ -261,6 +261,34 @@ func TestPlotAndReport(t *testing.T) {
 	assert.Contains(t, stderr, "no such file")
 }
 
+// TestTrace: --trace writes a Go execution trace of each measured stretch,
+// one file per workload, engine and stretch, with the calls as regions.
+func TestTrace(t *testing.T) {
+	dir := t.TempDir()
+	mustRun(t, "populate", "--dir", dir, "--blocks", "40", "--block-size", "4KiB")
+	base := filepath.Join(t.TempDir(), "tb")
+	out := mustRun(t, "lookup", "--dir", dir, "--duration", "100ms", "--warmup", "0", "--batch", "8", "--engine", "all", "--rounds", "2", "--trace", base)
+	files, err := filepath.Glob(base + ".*")
+	require.NoError(t, err)
+	want := []string{base + ".lookup.sync.2", base + ".lookup.sync.3", base + ".lookup.uring.1", base + ".lookup.uring.4"}
+	if files[0] == base+".lookup.sync.1" { // the sync engine went first
+		want = []string{base + ".lookup.sync.1", base + ".lookup.sync.4", base + ".lookup.uring.2", base + ".lookup.uring.3"}
+	}
+	require.Equal(t, want, files)
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		assert.True(t, bytes.HasPrefix(b, []byte("go 1.")), "%s: not a Go execution trace", f)
+		// The regions' names in the trace's string table, each after its length.
+		assert.True(t, bytes.Contains(b, []byte("\x06submit")) && bytes.Contains(b, []byte("\x04poll")), "%s: no call regions", f)
+		assert.Contains(t, out, "written to "+f)
+	}
+
+	code, _, stderr := tierbench(t, "lookup", "--dir", dir, "--duration", "100ms", "--trace", filepath.Join(dir, "missing", "tb"))
+	assert.Equal(t, exitFailure, code)
+	assert.Contains(t, stderr, "--trace")
+}
+
 func checkPNG(t *testing.T, path string) {
 	t.Helper()
 	f, err := os.Open(path)

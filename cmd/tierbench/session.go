@@ -32,6 +32,7 @@ type session struct {
 	intervals []intervalSample
 	ratios    []mixRatio    // mixed: what the stores did to the readers, per engine
 	barrierIn *bufio.Reader // a job's process: the parent's go-ahead for each workload
+	traces    int           // measured stretches traced (--trace)
 }
 
 func newSession(c *config, backing string) *session {

@@ -67,6 +67,7 @@ func workloadFlags(withData bool) func(*flag.FlagSet, *config) {
 		fs.DurationVar(&c.interval, "interval", 0, "print a line every interval (keys/s, bytes/s, p50, p99, in flight); with --json, an object")
 		fs.StringVar(&c.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics during the run (e.g. :9090; with --jobs, job j on port+j)")
 		fs.StringVar(&c.plot, "plot", "", "draw throughput and latency over time and the latency distributions into this .png or .svg file")
+		fs.StringVar(&c.trace, "trace", "", "write a Go execution trace of each measured workload to FILE.WORKLOAD.ENGINE.N, its Submit and Poll calls as regions (go tool trace FILE...)")
 		fs.IntVar(&c.jobs, "jobs", 1, "processes, each with its own tier, on the one directory (as tensor-parallel ranks or servers sharing it)")
 		fs.IntVar(&c.jobIndex, "job-index", -1, "")
 		fs.IntVar(&c.rounds, "rounds", 1, "run every engine this many times, in turn and in alternating order, and print the first engine's figures divided by the other's: the median of the rounds' ratios, with their range (with --json, an engine_ratio object per workload)")
@@ -218,7 +219,14 @@ func (s *session) runEngine(ctx context.Context, kind tier.EngineKind, names []s
 			}
 		}
 		collect()
+		stopTrace, err := s.startTrace(name, info.Kind.String())
+		if err != nil {
+			return out, err
+		}
 		r := drive(ctx, tr, w, depth, bufs, lim)
+		if err := stopTrace(); err != nil {
+			return out, err
+		}
 		s.label(r, info)
 		r.Stopped = stopped
 		ev.note(r, tr)
