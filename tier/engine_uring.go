@@ -752,7 +752,7 @@ func (b *uringBackend) prepare(i int32) {
 			runtime.Gosched()
 			// Back from the run queue, often on another thread: one the
 			// runtime woke for the other P, and that this VM's kernel
-			// placed on the CPU of the waker, whose caller it then held
+			// ran on the caller's CPU, holding that caller
 			// off for 0.5-1.6 ms while this owner's path walks ran there
 			// (a runtime/trace of tierbench's lookups: the Poll that the
 			// yield let run made no progress until this owner slept). A
