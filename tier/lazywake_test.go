@@ -151,8 +151,8 @@ func TestIntakeYields(t *testing.T) {
 
 // TestOwnersYieldToWaiters: an owner yields its P after a chunk only when a
 // goroutine waits for one (mayYield): a 4,096-key lookup with nothing else
-// to run yields at few of its 128 chunks, and with goroutines queued for a
-// P at most of them. One P and one ring: with a ring per P, a goroutine
+// to run yields at few of its 128 chunks (the fewest of up to 3), and with
+// goroutines queued for a P at most of them. One P and one ring: with a ring per P, a goroutine
 // readied for the other P can wait there, rightly counted as waiting, on a
 // VM whose kernel leaves that P's thread on this one's CPU (it failed so
 // with 2 Ps, at 40 and 64-128 yields: docs/performance.md, 2026-12-07).
@@ -175,7 +175,16 @@ func TestOwnersYieldToWaiters(t *testing.T) {
 		}
 		return yields.Load()
 	}
-	assert.Less(t, lookup(1), chunks/4, "yields with nothing waiting for a P")
+	// The fewest of up to 3 lookups, after a collection: in the whole suite
+	// under the race detector a lookup made 68 yields once (CI), rightly,
+	// if goroutines were queued for the one P meanwhile (a collection's
+	// workers, what earlier tests left running).
+	runtime.GC()
+	fewest := lookup(1)
+	for req := uint64(10); req < 12 && fewest >= chunks/4; req++ {
+		fewest = min(fewest, lookup(req))
+	}
+	assert.Less(t, fewest, chunks/4, "yields with nothing waiting for a P")
 
 	var stop atomic.Bool
 	var wg sync.WaitGroup
