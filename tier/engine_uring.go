@@ -751,12 +751,12 @@ func (b *uringBackend) prepare(i int32) {
 			}
 			runtime.Gosched()
 			// Back from the run queue, often on another thread: one the
-			// runtime woke for the other P, and that this VM's kernel
-			// ran on the caller's CPU, holding that caller
-			// off for 0.5-1.6 ms while this owner's path walks ran there
-			// (a runtime/trace of tierbench's lookups: the Poll that the
-			// yield let run made no progress until this owner slept). A
-			// yield of the thread lets that caller finish first.
+			// runtime woke for the other P, and that this VM's kernel ran
+			// on the caller's CPU, holding that caller off for 0.5-1.6 ms
+			// while this owner's path walks ran there (tierbench --trace
+			// of lookups: the Poll that the yield let run made no
+			// progress until this owner slept). A yield of the thread
+			// lets that caller finish first.
 			// tierbench lookup --rounds 2, 12 runs alternating: calls over
 			// 1 ms in 1 of 24 rounds against 7, over 300 us 6 against 18;
 			// BenchmarkCallerFloor/engine=uring, 4 rounds: the longest
