@@ -176,9 +176,9 @@ func TestOwnersYieldToWaiters(t *testing.T) {
 		return yields.Load()
 	}
 	// The fewest of up to 3 lookups, after a collection: in the whole suite
-	// under the race detector a lookup made 68 yields once (CI), rightly,
-	// if goroutines were queued for the one P meanwhile (a collection's
-	// workers, what earlier tests left running).
+	// under the race detector a lookup made 68 yields once (CI), each when
+	// the owner saw a goroutine waiting for the one P (what it was, was not
+	// found; alone, 30 race runs made 0-16).
 	runtime.GC()
 	fewest := lookup(1)
 	for req := uint64(10); req < 12 && fewest >= chunks/4; req++ {

@@ -270,6 +270,7 @@ func TestTrace(t *testing.T) {
 	out := mustRun(t, "lookup", "--dir", dir, "--duration", "100ms", "--warmup", "0", "--batch", "8", "--engine", "all", "--rounds", "2", "--trace", base)
 	files, err := filepath.Glob(base + ".*")
 	require.NoError(t, err)
+	require.NotEmpty(t, files, "no trace written")
 	want := []string{base + ".lookup.sync.2", base + ".lookup.sync.3", base + ".lookup.uring.1", base + ".lookup.uring.4"}
 	if files[0] == base+".lookup.sync.1" { // the sync engine went first
 		want = []string{base + ".lookup.sync.1", base + ".lookup.sync.4", base + ".lookup.uring.2", base + ".lookup.uring.3"}
@@ -283,6 +284,13 @@ func TestTrace(t *testing.T) {
 		assert.True(t, bytes.Contains(b, []byte("\x06submit")) && bytes.Contains(b, []byte("\x04poll")), "%s: no call regions", f)
 		assert.Contains(t, out, "written to "+f)
 	}
+
+	// mixed: a trace per phase.
+	mixed := filepath.Join(t.TempDir(), "mx")
+	mustRun(t, "mixed", "--dir", dir, "--engine", "sync", "--keys", "16", "--batch", "8", "--store-bytes", "8KiB", "--trace", mixed)
+	files, err = filepath.Glob(mixed + ".*")
+	require.NoError(t, err)
+	assert.Equal(t, []string{mixed + ".mixed-baseline.sync.1", mixed + ".mixed-mixed.sync.2"}, files)
 
 	code, _, stderr := tierbench(t, "lookup", "--dir", dir, "--duration", "100ms", "--trace", filepath.Join(dir, "missing", "tb"))
 	assert.Equal(t, exitFailure, code)
