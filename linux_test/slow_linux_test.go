@@ -20,13 +20,13 @@ import (
 const slowLatency = time.Millisecond
 
 // TestSlowFilesystem adds 1 ms to every operation of a faultfs mount (a slow NFS server): lookups
-// of large batches must keep many operations in flight at once (Stats().InFlight peaks far above
+// of large batches must keep many operations in flight at once (Gauges().InFlight peaks far above
 // 1) and answer every key right. It logs keys/s for each engine, for a single goroutine calling
 // statx in a loop on the same mount and for 64 goroutines doing so, for the report; no timing is
 // asserted. The loop, the pool and each engine are timed on a second pass over the keys, after one
-// that warms them up (for the engines, the checked pass); the checked pass samples Stats every 200 µs,
-// which the timed one does not (the sampler's wakes cost a tier about a fifth of its keys a
-// second here, and the pool has none).
+// that warms them up (for the engines, the checked pass); the checked pass samples Gauges every
+// 200 µs, which the timed one does not (the pool has no sampler; a sampler that called Stats cost a
+// tier about a fifth of its keys a second here).
 func TestSlowFilesystem(t *testing.T) {
 	fsys := mountFaultFS(t)
 	// Half the keys exist, written straight into the backing directory (no latency).
@@ -106,7 +106,7 @@ func TestSlowFilesystem(t *testing.T) {
 					return
 				case <-time.After(200 * time.Microsecond):
 				}
-				if v := int64(tr.Stats().InFlight); v > peak.Load() {
+				if v := int64(tr.Gauges().InFlight); v > peak.Load() {
 					peak.Store(v)
 				}
 			}

@@ -525,6 +525,35 @@ func BenchmarkLookupRoundTrip(b *testing.B) {
 	}
 }
 
+// BenchmarkStats: what a look at a tier's figures costs its caller, Stats
+// (every counter and histogram) against Gauges (the levels alone), on a
+// tier of a ring per CPU that has answered lookups.
+func BenchmarkStats(b *testing.B) {
+	tr := benchTier(b, lookupFixture(b), EngineURing, func(o *Options) { o.Rings = runtime.GOMAXPROCS(0) })
+	if err := tr.Lookup(1, testKeys(seq(0, 1024)...)); err != nil {
+		b.Fatal(err)
+	}
+	for tr.Poll(make([]Result, 1)) == 0 {
+		<-tr.Ready()
+	}
+	b.Run("read=stats", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if tr.Stats().Keys[OpLookup] != 1024 {
+				b.Fatal("the lookup's keys are not counted")
+			}
+		}
+	})
+	b.Run("read=gauges", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if tr.Gauges().InFlight != 0 {
+				b.Fatal("operations in flight after the lookup's result")
+			}
+		}
+	})
+}
+
 // BenchmarkLookupCold is BenchmarkLookup after dropping the page, dentry
 // and inode caches before every round (root only).
 func BenchmarkLookupCold(b *testing.B) {

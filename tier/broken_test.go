@@ -311,6 +311,7 @@ func TestBrokenRingKeepsKernelBuffers(t *testing.T) {
 	require.ErrorIs(t, r.Keys[0].Err, ErrBroken)
 	require.Equal(t, 1, r.Held, "the kernel has the buffer")
 	assert.EqualValues(t, 1, tr.Stats().Held)
+	assert.Equal(t, 1, tr.Gauges().Held)
 
 	hang.Release()
 	require.Eventually(t, func() bool { return bytes.Equal(buf, testPayload(0)) }, 5*time.Second, time.Millisecond,

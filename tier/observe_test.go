@@ -166,7 +166,13 @@ func TestLogBreaker(t *testing.T) {
 		for _, k := range await(t, tr, 1)[1].Keys {
 			require.Equal(t, StatusTimedOut, k.Status)
 		}
-		require.Eventually(t, func() bool { return tr.Stats().BreakerOpen }, 5*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return tr.Gauges().BreakerOpen }, 5*time.Second, time.Millisecond)
+		// The hang holds the stuck operations: the levels stay put, and
+		// Stats has the same.
+		g := tr.Gauges()
+		assert.GreaterOrEqual(t, g.Stuck, 2)
+		assert.GreaterOrEqual(t, g.InFlight, g.Stuck)
+		assert.Equal(t, g, tr.Stats().Gauges)
 		level, attrs, ok := rec.find("circuit breaker open")
 		require.True(t, ok, "no breaker line: %q", rec.messages())
 		assert.Equal(t, slog.LevelWarn, level)
@@ -178,10 +184,10 @@ func TestLogBreaker(t *testing.T) {
 		assert.Positive(t, hang.Fired(), "the hang did not reach the filesystem")
 
 		hang.Release()
-		require.Eventually(t, func() bool { return tr.Stats().Stuck == 0 }, 10*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return tr.Gauges().Stuck == 0 }, 10*time.Second, time.Millisecond)
 		require.NoError(t, tr.Lookup(2, testKeys(9))) // the probe
 		assert.Equal(t, StatusMissing, await(t, tr, 2)[2].Keys[0].Status)
-		require.False(t, tr.Stats().BreakerOpen, "the breaker stayed open after a probe was answered")
+		require.Equal(t, Gauges{}, tr.Gauges(), "the breaker stayed open after a probe was answered, or operations stayed in flight")
 		level, _, ok = rec.find("circuit breaker closed")
 		require.True(t, ok, "no line for the breaker closing: %q", rec.messages())
 		assert.Equal(t, slog.LevelInfo, level)

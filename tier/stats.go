@@ -127,17 +127,13 @@ type Stats struct {
 	Busy         uint64 // submits refused with ErrBusy
 	CacheHits    uint64 // keys answered from the lookup cache
 	Shared       uint64 // lookup keys that joined an op already in flight
-	InFlight     int    // key operations in the kernel or the sync workers
 	// RingOps counts the key operations each ring started (one entry for
 	// the sync engine): lookups, stores and deletes go to a ring by the
 	// key's hash, loads in turn.
 	RingOps      []uint64
-	Queued       int    // requests waiting for free operation slots
-	Stuck        int    // operations past their deadline, not yet answered
 	Late         uint64 // completions that arrived after their deadline
-	Held         int    // caller buffers the kernel still holds
-	BreakerOpen  bool   // new keys fail fast (ErrBreakerOpen) but for one probe
 	BreakerTrips uint64 // times the breaker opened
+	Gauges              // InFlight, Queued, Stuck, Held, BreakerOpen
 	// SubmitRetries counts submissions the kernel refused until
 	// completions were reaped (EBUSY, EAGAIN: a full completion queue).
 	SubmitRetries uint64
@@ -179,6 +175,29 @@ type Stats struct {
 	TouchesDropped uint64
 }
 
+// Gauges are a tier's levels of the moment, as Stats has them. Tier.Gauges
+// reads them alone, in a few atomic loads a shard, for a caller that looks
+// at them at every step; Stats sums 25 histograms and allocates them.
+type Gauges struct {
+	InFlight    int  // key operations in the kernel or the sync workers
+	Queued      int  // requests waiting for free operation slots
+	Stuck       int  // operations past their deadline, not yet answered
+	Held        int  // caller buffers the kernel still holds
+	BreakerOpen bool // new keys fail fast (ErrBreakerOpen) but for one probe
+}
+
+// Gauges returns the tier's levels of the moment.
+func (t *Tier) Gauges() Gauges {
+	g := Gauges{Held: int(t.stats.held.Load())}
+	for _, sh := range t.shards {
+		g.InFlight += int(sh.inFlight.Load())
+		g.Queued += int(sh.queued.Load())
+		g.Stuck += int(sh.stuckN.Load())
+		g.BreakerOpen = g.BreakerOpen || sh.open.Load()
+	}
+	return g
+}
+
 // LatencyQuantile returns quantile q (0..1) of op's kernel operation
 // latency, within latency.ErrorBound.
 func (s *Stats) LatencyQuantile(op Op, q float64) time.Duration {
@@ -187,7 +206,7 @@ func (s *Stats) LatencyQuantile(op Op, q float64) time.Duration {
 
 // Stats returns the tier's counters.
 func (t *Tier) Stats() Stats {
-	s := Stats{Engine: t.Engine()}
+	s := Stats{Engine: t.Engine(), Gauges: t.Gauges()}
 	c := &t.stats
 	for o := range opKinds {
 		s.Requests[o] = c.requests[o].Load()
@@ -198,7 +217,7 @@ func (t *Tier) Stats() Stats {
 		c.request[o].Load(&s.RequestLatency[o])
 	}
 	s.Busy, s.CacheHits, s.Shared = c.busy.Load(), c.cacheHits.Load(), c.shared.Load()
-	s.Late, s.BreakerTrips, s.Held = c.late.Load(), c.breakerTrips.Load(), int(c.held.Load())
+	s.Late, s.BreakerTrips = c.late.Load(), c.breakerTrips.Load()
 	s.SubmitRetries = c.retries.Load()
 	s.Quarantined, s.QuarantineFailed = c.quarantined.Load(), c.quarantineFailed.Load()
 	s.Removed, s.RemoveFailed = c.removed.Load(), c.removeFailed.Load()
@@ -222,11 +241,7 @@ func (t *Tier) Stats() Stats {
 		s.BytesRead += k.bytesRead.Load()
 		s.BytesWritten += k.bytesWritten.Load()
 		s.KernelSleeps += k.sleeps.Load()
-		s.InFlight += int(sh.inFlight.Load())
 		s.RingOps = append(s.RingOps, sh.started.Load())
-		s.Queued += int(sh.queued.Load())
-		s.Stuck += int(sh.stuckN.Load())
-		s.BreakerOpen = s.BreakerOpen || sh.open.Load()
 	}
 	return s
 }

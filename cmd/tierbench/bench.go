@@ -489,7 +489,7 @@ func (d *driver) interval(now time.Time, last bool) {
 	}
 	h := d.res.hist
 	h.Sub(&d.ivHist)
-	st := d.tr.Stats()
+	g := d.tr.Gauges()
 	sec := dt.Seconds()
 	d.lim.onInterval(intervalSample{
 		Type: "interval", Workload: d.w.name,
@@ -499,8 +499,8 @@ func (d *driver) interval(now time.Time, last bool) {
 		BytesPerSec: float64(d.res.bytes-d.ivBytes) / sec,
 		P50US:       us(h.Quantile(0.5)),
 		P99US:       us(h.Quantile(0.99)),
-		InFlight:    st.InFlight,
-		Queued:      st.Queued,
+		InFlight:    g.InFlight,
+		Queued:      g.Queued,
 		Batches:     d.inFlight,
 	})
 	d.ivStart, d.ivDone, d.ivBytes, d.ivHist = now, d.done, d.res.bytes, d.res.hist
