@@ -194,6 +194,22 @@ func driveAll(ctx context.Context, tr *tier.Tier, ds []*driver, until func() boo
 		d.begin(now)
 	}
 	m.results = make([]tier.Result, depth)
+	// Each Result's keys, at their size and written once here: Poll
+	// copies a request's key results into them, and its first copy into
+	// fresh memory took the page faults inside the timed call (12 µs
+	// each on our VMs: a Poll of 1,024-key lookups that took 27 ran for
+	// 452 µs).
+	batch := 0
+	for _, d := range ds {
+		batch = max(batch, d.w.batch)
+	}
+	for i := range m.results {
+		keys := make([]tier.KeyResult, batch)
+		for j := range keys {
+			keys[j] = tier.KeyResult{}
+		}
+		m.results[i].Keys = keys[:0]
+	}
 	m.safety = time.NewTimer(wake)
 	defer m.safety.Stop()
 	m.loop(wake)
