@@ -271,6 +271,27 @@ func utgo_free(h C.ut_tier) C.int {
 	return C.UT_OK
 }
 
+//export utgo_gauges
+func utgo_gauges(h C.ut_tier, out *C.ut_gauges) C.int {
+	c, err := acquire(h)
+	if err != nil {
+		return fail(err)
+	}
+	defer c.mu.RUnlock()
+	if out == nil {
+		return fail(fmt.Errorf("%w: ut_read_gauges: NULL out", errArg))
+	}
+	g := c.t.Gauges()
+	*out = C.ut_gauges{
+		in_flight: C.uint64_t(g.InFlight), queued: C.uint64_t(g.Queued),
+		stuck: C.uint64_t(g.Stuck), held: C.uint64_t(g.Held),
+	}
+	if g.BreakerOpen {
+		out.breaker_open = 1
+	}
+	return C.UT_OK
+}
+
 //export utgo_stats
 func utgo_stats(h C.ut_tier, buf *C.char, capacity C.size_t) C.int {
 	c, err := acquire(h)

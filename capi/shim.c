@@ -171,6 +171,11 @@ int ut_free(ut_tier t) {
 	return utgo_free(t);
 }
 
+int ut_read_gauges(ut_tier t, ut_gauges *out) {
+	UT_GUARD();
+	return utgo_gauges(t, out);
+}
+
 int ut_stats(ut_tier t, char *buf, size_t cap) {
 	UT_GUARD();
 	return utgo_stats(t, buf, cap);

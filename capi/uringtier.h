@@ -18,7 +18,7 @@
  *
  * # Calls never wait for the filesystem
  *
- * Submits, ut_poll, ut_fd, ut_cancel, ut_stats and ut_engine return
+ * Submits, ut_poll, ut_fd, ut_cancel, ut_read_gauges, ut_stats and ut_engine return
  * without waiting for any IO: the IO runs on threads of the library's own
  * (io_uring owner threads or a bounded pool), which never call back into
  * the caller. ut_close and ut_exists wait, each at most the timeout it is
@@ -71,8 +71,9 @@ extern "C" {
 
 /* UT_ABI_VERSION changes whenever a declaration below changes meaning.
  * 2: ut_delete, UT_OP_DELETE, UT_DELETED (a success: UT_OK_STATUS), UT_FULL;
- * the capacity options. 3: ut_buffers_size, ut_open_buffers, ut_buffers. */
-#define UT_ABI_VERSION 3
+ * the capacity options. 3: ut_buffers_size, ut_open_buffers, ut_buffers.
+ * 4: ut_read_gauges and struct ut_gauges. */
+#define UT_ABI_VERSION 4
 
 /* A tier handle. 0 is never a valid handle; a freed handle is never reused. */
 typedef uint64_t ut_tier;
@@ -340,6 +341,23 @@ int ut_close(ut_tier t, int64_t timeout_ms);
  * closes its descriptor and frees the handle. Memory still held by the
  * kernel (see Memory) must stay allocated. Returns UT_OK or UT_EHANDLE. */
 int ut_free(ut_tier t);
+
+/* A tier's levels of the moment, as ut_read_gauges reads them. */
+typedef struct ut_gauges {
+	uint64_t in_flight;    /* key operations in the kernel or the library's workers */
+	uint64_t queued;       /* requests waiting for free operation slots */
+	uint64_t stuck;        /* operations past their deadline, not yet answered */
+	uint64_t held;         /* caller buffers the kernel still holds */
+	uint32_t breaker_open; /* 1: new keys fail fast but for one probe */
+	uint32_t reserved;
+} ut_gauges;
+
+/* ut_read_gauges writes the tier's levels into *out and returns UT_OK (or
+ * UT_EARG for a NULL out): what ut_stats has of them, without its counters,
+ * histograms and JSON, cheap enough for a scheduler to read at every step
+ * (about 10 ns in the library, against 85 us for the counters ut_stats
+ * formats). */
+int ut_read_gauges(ut_tier t, ut_gauges *out);
 
 /* ut_stats writes the tier's counters as a JSON object (NUL-terminated,
  * truncated to cap) into buf and returns its full length without the NUL,

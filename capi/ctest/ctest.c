@@ -235,6 +235,12 @@ static void test_engine(const char *dir, const char *engine) {
 	CHECK(wait_result(t, 20, &r, st) == 0 && r.keys == 2, "the result after UT_ERANGE");
 	CHECK(ut_cancel(t, 12345) == 0, "cancel of a request not in flight");
 
+	ut_gauges g = {.in_flight = 99, .queued = 99, .stuck = 99, .held = 99, .breaker_open = 99};
+	CHECK(ut_read_gauges(t, &g) == UT_OK, "gauges");
+	CHECK(g.in_flight == 0 && g.queued == 0 && g.stuck == 0 && g.held == 0 && g.breaker_open == 0,
+	      "gauges with every result polled: %llu %llu %llu %llu %u", (unsigned long long)g.in_flight,
+	      (unsigned long long)g.queued, (unsigned long long)g.stuck, (unsigned long long)g.held, g.breaker_open);
+	CHECK(ut_read_gauges(t, NULL) == UT_EARG, "gauges into NULL");
 	n = ut_stats(t, json, 8);
 	CHECK(n > 8 && json[7] == 0, "truncated stats: %d", n);
 	n = ut_stats(t, json, sizeof json);

@@ -107,12 +107,14 @@ class HungFilesystem(unittest.TestCase):
         while int(self.fs.cmd("hung")) < 1:  # the kernel is holding a read
             self.assertLess(time.monotonic(), deadline, "no read reached the filesystem")
             time.sleep(0.01)
+        self.assertGreaterEqual(tier.gauges().in_flight, 1, "the hung read is not in flight")
         start = time.monotonic()
         with self.assertRaises(uringtier.StuckError):
             tier.close(timeout=0.2)
         self.assertLess(time.monotonic() - start, 2, "close overran its timeout")
         r = collect(tier, [2])[2]
         self.assertGreater(r.held, 0)
+        self.assertEqual(tier.gauges().held, r.held)
         self.assertTrue(all(s in (Status.TIMED_OUT, Status.CANCELED) for s in r.statuses), r.statuses)
         with self.assertRaises(BufferError):  # still pinned: the kernel may write into it
             bufs[0].extend(b"x")
@@ -125,6 +127,7 @@ class HungFilesystem(unittest.TestCase):
             released = [x for x in tier.poll() if x.op == Op.RELEASE]
             time.sleep(0.01)
         self.assertEqual([x.req for x in released], [2])
+        self.assertEqual(tier.gauges(), uringtier.Gauges(0, 0, 0, 0, False))
         for b in bufs:  # unpinned
             b.extend(b"x")
 

@@ -436,6 +436,9 @@ class Conformance:
         self.assertEqual(stats["engine"]["kind"], self.engine)
         self.assertEqual(stats["ops"]["lookup"]["outcomes"], {"found": 4, "missing": 4})
         self.assertEqual(stats["ops"]["store"]["outcomes"], {"stored": 4})
+        gauges = tier.gauges()
+        self.assertEqual(gauges, uringtier.Gauges(0, 0, 0, 0, False), "every result is polled")
+        self.assertEqual((gauges.in_flight, gauges.queued), (stats["in_flight"], stats["queued"]))
 
     def test_poll_limits(self: Base) -> None:
         tier = self.open()

@@ -33,7 +33,7 @@ from .errors import (
     UringTierError,
 )
 from .exists import batch_exists, batch_status
-from .tier import EngineInfo, Op, Result, Status, Tier
+from .tier import EngineInfo, Gauges, Op, Result, Status, Tier
 
 __all__ = [
     "Tier",
@@ -41,6 +41,7 @@ __all__ = [
     "Status",
     "Op",
     "EngineInfo",
+    "Gauges",
     "batch_exists",
     "batch_status",
     "UringTierError",

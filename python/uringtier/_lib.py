@@ -36,7 +36,7 @@ from .errors import (
 LIBRARY_ENV = "URINGTIER_LIBRARY"
 """Environment variable naming the library to load instead of the one inside the package."""
 
-ABI_VERSION = 3  # UT_ABI_VERSION in uringtier.h
+ABI_VERSION = 4  # UT_ABI_VERSION in uringtier.h
 
 # Error codes (enum ut_error).
 EBUSY, ECLOSED, EINVAL, EOPTIONS, EHANDLE, ESTUCK, EFORK, EIO, ERANGE, EARG, EBROKEN = range(-1, -12, -1)
@@ -69,6 +69,19 @@ class ut_result(ctypes.Structure):
     ]
 
 
+class ut_gauges(ctypes.Structure):
+    """struct ut_gauges of uringtier.h."""
+
+    _fields_ = [
+        ("in_flight", c_uint64),
+        ("queued", c_uint64),
+        ("stuck", c_uint64),
+        ("held", c_uint64),
+        ("breaker_open", c_uint32),
+        ("reserved", c_uint32),
+    ]
+
+
 # name: (restype, argtypes, waits): the functions of uringtier.h.
 _PROTOTYPES = {
     "ut_abi_version": (c_int, [], False),
@@ -88,6 +101,7 @@ _PROTOTYPES = {
     "ut_cancel": (c_int, [c_uint64, c_uint64], False),
     "ut_close": (c_int, [c_uint64, c_int64], True),
     "ut_free": (c_int, [c_uint64], True),
+    "ut_read_gauges": (c_int, [c_uint64, POINTER(ut_gauges)], False),
     "ut_stats": (c_int, [c_uint64, c_char_p, c_size_t], False),
     "ut_engine": (c_int, [c_uint64, c_char_p, c_size_t], False),
     "ut_exists": (c_int, [c_char_p, c_size_t, c_size_t, c_int64, POINTER(c_uint8)], True),

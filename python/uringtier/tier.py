@@ -115,6 +115,17 @@ class EngineInfo:
     last_page_apart: bool  #: O_DIRECT loads read each block's last page apart first (a FUSE server that miscounts reads at a file's end)
 
 
+@dataclass(frozen=True)
+class Gauges:
+    """A tier's levels of the moment (see ut_read_gauges)."""
+
+    in_flight: int  #: key operations in the kernel or the library's workers
+    queued: int  #: requests waiting for free operation slots
+    stuck: int  #: operations past their deadline, not yet answered
+    held: int  #: caller buffers the kernel still holds
+    breaker_open: bool  #: new keys fail fast but for one probe
+
+
 def _seconds(name: str, value: float) -> str:
     if value < 0:
         raise InvalidOptionsError(f"{name} is negative: {value}")
@@ -483,6 +494,15 @@ class Tier:
         return rc == 1
 
     # Information.
+
+    def gauges(self) -> Gauges:
+        """The tier's levels of the moment: what stats() has of them, read without its counters and
+        JSON, cheap enough for every scheduler step."""
+        g = _lib.ut_gauges()
+        rc = self._lib.ut_read_gauges(self._handle, ctypes.byref(g))
+        if rc < 0:
+            raise self._lib.error(rc, "gauges")
+        return Gauges(g.in_flight, g.queued, g.stuck, g.held, bool(g.breaker_open))
 
     def stats(self) -> dict[str, Any]:
         """The tier's counters (see ut_stats): per op ("lookup", "load", "store", "delete")
