@@ -13,7 +13,8 @@ one first each round), it runs:
   default  `tierbench --rounds 2 --json` (the default run, each engine first once): per workload
            and round the io_uring engine's keys a second and CPU a key ÷ the sync engine's, its
            callers' p99.9, its longest call ÷ the sync engine's (and, not the aim's figure, its
-           longest among as many calls as the sync engine made ÷ the sync engine's longest)
+           longest among as many calls as the sync engine made ÷ the sync engine's longest; and
+           each engine's calls of 300 µs or more a million, over the round's two rows)
   mixed    `tierbench mixed --engine all --json`: the io_uring engine's readers' p99, with 1 GiB of
            stores in flight ÷ without
   gluster  (with --only) the README's GlusterFS volumes, client caching off and on, each a one-brick
@@ -40,7 +41,12 @@ TOP = subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(__file__)), "
 PARTS = ["lookups", "loads", "fuse", "default", "mixed", "gluster"]
 DEFAULT_PARTS = PARTS[:-1]  # gluster with --only: it needs glusterd running
 
-# Each aim: (key, what, unit, met(value)). Ratios are this engine's figure ÷ the other's.
+# The longest call is one draw of each engine's stalls; how many calls took SLOW_US or more, a
+# million calls, over every row of every round, is a steadier figure beside it (no aim of its own).
+SLOW_US = 300
+
+# Each aim: (key, what, unit, met(value)); met None: a figure to read, no aim. Ratios are this
+# engine's figure ÷ the other's.
 AIMS = [
     ("warm_pool", "warm lookups ÷ best pool", "×", lambda v: v >= 0.95),
     ("warm_loop", "warm lookups ÷ one thread", "×", lambda v: v >= 1.5),
@@ -57,6 +63,8 @@ AIMS = [
     (f"{w}_p999", f"default run {w}s: caller p99.9, µs", "", lambda v: v < 50),
     (f"{w}_max", f"default run {w}s: longest call ÷ sync", "×", lambda v: v <= 1),
     (f"{w}_max_eq", f"  the same at the sync engine's call count", "×", lambda v: v <= 1),
+    (f"{w}_slow_uring", f"  calls of {SLOW_US} µs or more a million: io_uring", "", None),
+    (f"{w}_slow_sync", f"  calls of {SLOW_US} µs or more a million: sync", "", None),
 ]] + [
     ("mixed_lookup", "lookups' p99 with stores ÷ without", "×", lambda v: v < 2),
     ("mixed_load", "loads' p99 with stores ÷ without", "×", lambda v: v < 2),
@@ -148,9 +156,14 @@ def default(b, a):
     # Two rounds, each engine first once: on an ext4 without a journal (this VM's /tmp) a store
     # costs more CPU the more files were deleted in the minutes before, so whichever engine went
     # first after the last run's data set was removed would pay for it.
-    out = {}
+    out, slow = {}, {}
     for rows in rounds(run([f"{b.bin}/tierbench", "--rounds", "2", "--json"], cwd=tempfile.gettempdir())):
         for w in ("lookup", "load", "store"):
+            for e in ("uring", "sync"):
+                hist = rows[(w, e)]["caller_hist"]
+                n = slow.setdefault((w, e), [0, 0])
+                n[0] += sum(c for lower, c in hist if lower >= SLOW_US * 1000)
+                n[1] += sum(c for _, c in hist)
             u, s = rows[(w, "uring")], rows[(w, "sync")]
             for key, v in ((f"{w}_rate", u["keys_per_sec"] / s["keys_per_sec"]),
                            (f"{w}_cpu", u["cpu_us_per_key"] / s["cpu_us_per_key"]),
@@ -158,6 +171,8 @@ def default(b, a):
                            (f"{w}_max", u["caller_max_us"] / s["caller_max_us"]),
                            (f"{w}_max_eq", longest_at(u["caller_hist"], s["caller_hist"]))):
                 out.setdefault(key, []).append(v)
+    for (w, e), (n, calls) in slow.items():
+        out[f"{w}_slow_{e}_n"], out[f"{w}_slow_{e}_calls"] = [n], [calls]
     return out
 
 
@@ -284,12 +299,17 @@ def report(builds, got):
     for key, what, unit, met in AIMS:
         cells = []
         for b in builds:
+            ns, calls = got[b.name].get(key + "_n"), got[b.name].get(key + "_calls")
+            if ns and calls:  # pooled over the rounds
+                cells.append(f"{sum(ns) / sum(calls) * 1e6:.1f} ({sum(ns)} of {sum(calls):,} calls)")
+                continue
             vs = got[b.name].get(key)
             if not vs:
                 cells.append("-")
                 continue
             m = statistics.median(vs)
-            cells.append(f"{m:.2f}{unit} ({min(vs):.2f}–{max(vs):.2f}, {len(vs)}) {'met' if met(m) else 'MISSED'}")
+            verdict = "" if met is None else "met" if met(m) else "MISSED"
+            cells.append(f"{m:.2f}{unit} ({min(vs):.2f}–{max(vs):.2f}, {len(vs)}) {verdict}")
         if any(c != "-" for c in cells):
             print(f"{what:44}" + "".join(f"{c:>40}" for c in cells))
 
