@@ -14,7 +14,7 @@ one first each round), it runs:
            and round the io_uring engine's keys a second and CPU a key ÷ the sync engine's, its
            callers' p99.9, its longest call ÷ the sync engine's (and, not the aim's figure, its
            longest among as many calls as the sync engine made ÷ the sync engine's longest; and
-           each engine's calls of 300 µs or more a million, over the round's two rows)
+           each engine's calls of 300 µs or more a million, pooled over every row and round)
   mixed    `tierbench mixed --engine all --json`: the io_uring engine's readers' p99, with 1 GiB of
            stores in flight ÷ without
   gluster  (with --only) the README's GlusterFS volumes, client caching off and on, each a one-brick
