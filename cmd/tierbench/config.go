@@ -26,6 +26,7 @@ const (
 	defaultWarmup      = 200 * time.Millisecond
 	defaultDepth       = 4
 	defaultHitRatio    = 0.9
+	defaultMissKeys    = 1 << 16
 	defaultLookupBatch = 1024
 	defaultIOBatch     = 16
 	defaultChain       = 16 // keys of a prefix lookup's chain
@@ -67,6 +68,7 @@ type config struct {
 	workloads string // run: the workloads, comma-separated
 	batch     perOp
 	hitRatio  float64
+	missKeys  int // --miss-keys
 	depth     perOp
 	duration  time.Duration
 	keys      int64
@@ -280,6 +282,9 @@ func (c *config) validate() error {
 		}
 		if c.hitRatio < 0 || c.hitRatio > 1 {
 			return usagef("--hit-ratio %g: want a fraction from 0 to 1", c.hitRatio)
+		}
+		if c.missKeys < 1 || c.missKeys > 1<<27 {
+			return usagef("--miss-keys %d: want 1 to %d (4 GiB of keys)", c.missKeys, 1<<27)
 		}
 		for _, n := range c.depth.values() {
 			if n < 1 || n > 1<<14 {

@@ -160,7 +160,7 @@ func (p *picker) pick() int {
 // from the populated range, missing keys from far outside it.
 type keySet struct {
 	present [][]byte // a sample (all, up to presentMax) of the populated range, in random order
-	missing [][]byte // missingMax keys from missingBase on, when hit < 1
+	missing []byte   // the missing keys from missingBase on, keySize bytes each, when hit < 1
 	rng     *rand.Rand
 	hit     float64
 	dist    distribution
@@ -169,20 +169,19 @@ type keySet struct {
 	m       int     // next missing key
 }
 
-const (
-	presentMax = 1 << 20
-	missingMax = 1 << 16
-)
+const presentMax = 1 << 20
 
-// newKeySet precomputes the keys, present and (with hit < 1) missing, in
-// one allocation each, so that neither hashing nor garbage falls in the
-// measured stretch (hashed on first use, the missing keys were 65,536
-// allocations early in every lookup and load run).
+// newKeySet precomputes the keys, present and (with hit < 1) misses
+// missing ones from index missFrom on, drawn in turn, in one allocation
+// each, so that neither
+// hashing nor garbage falls in the measured stretch (hashed on first use,
+// the missing keys were 65,536 allocations early in every lookup and load
+// run).
 // With the uniform distribution keys are drawn in order; with more keys
 // than one window of depth × batch, no key is in flight twice (which would
 // let lookups share operations). The skewed distributions pick by rank in
 // the same random order, so hot keys are spread over the directories.
-func newKeySet(m manifest, hit float64, dist distribution) *keySet {
+func newKeySet(m manifest, hit float64, dist distribution, missFrom uint64, misses int) *keySet {
 	rng := rand.New(rand.NewPCG(m.Seed, 0x6b657973))
 	ks := &keySet{rng: rng, hit: hit, dist: dist}
 	n := min(m.Blocks, presentMax)
@@ -207,11 +206,9 @@ func newKeySet(m manifest, hit float64, dist distribution) *keySet {
 		ks.keys = newPicker(dist, len(ks.present), rng)
 	}
 	if hit < 1 || len(ks.present) == 0 {
-		mem := make([]byte, 0, missingMax*keySize)
-		ks.missing = make([][]byte, 0, missingMax)
-		for i := range uint64(missingMax) {
-			mem = keyOf(mem, m.Seed, missingBase+i)
-			ks.missing = append(ks.missing, mem[len(mem)-keySize:])
+		ks.missing = make([]byte, 0, misses*keySize)
+		for i := range uint64(misses) {
+			ks.missing = keyOf(ks.missing, m.Seed, missFrom+i)
 		}
 	}
 	return ks
@@ -226,8 +223,8 @@ func (ks *keySet) next() []byte {
 }
 
 func (ks *keySet) nextMissing() []byte {
-	k := ks.missing[ks.m]
-	ks.m = (ks.m + 1) % len(ks.missing)
+	k := ks.missing[ks.m*keySize : (ks.m+1)*keySize : (ks.m+1)*keySize]
+	ks.m = (ks.m + 1) % (len(ks.missing) / keySize)
 	return k
 }
 

@@ -387,6 +387,7 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
 		{[]string{"lookup"}, "--dir is required"},
 		{[]string{"lookup", "--dir", dir, "--hit-ratio", "1.5"}, "--hit-ratio"},
+		{[]string{"lookup", "--dir", dir, "--miss-keys", "0"}, "--miss-keys"},
 		{[]string{"lookup", "--dir", dir, "--engine", "fast"}, "--engine"},
 		{[]string{"load", "--dir", dir, "--keys", "5", "--duration", "1s"}, "not both"},
 		{[]string{"store", "--dir", dir, "--depth", "0"}, "--depth"},

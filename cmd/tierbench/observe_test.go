@@ -314,7 +314,7 @@ func TestDistributions(t *testing.T) {
 	const n, draws = 1000, 100_000
 	m := manifest{Seed: 3, Blocks: n, BlockSize: 4096}
 	count := func(d distribution) map[string]int {
-		ks := newKeySet(m, 1, d)
+		ks := newKeySet(m, 1, d, missingBase, defaultMissKeys)
 		seen := map[string]int{}
 		for range draws {
 			seen[string(ks.next())]++
@@ -326,7 +326,7 @@ func TestDistributions(t *testing.T) {
 		require.Equal(t, draws/n, c)
 	}
 	// Hot: 90% of the picks go to 10% of the keys.
-	ks := newKeySet(m, 1, distribution{name: "hot", hotKeys: 0.1, hotShare: 0.9})
+	ks := newKeySet(m, 1, distribution{name: "hot", hotKeys: 0.1, hotShare: 0.9}, missingBase, defaultMissKeys)
 	hot := map[string]bool{}
 	for _, k := range ks.present[:n/10] {
 		hot[string(k)] = true
@@ -348,7 +348,7 @@ func TestDistributions(t *testing.T) {
 	// Prefix chains: a whole chain with probability hit, else a uniform
 	// prefix; the rest are missing keys.
 	const hit, l = 0.5, 8
-	ks = newKeySet(m, hit, distribution{name: "uniform"})
+	ks = newKeySet(m, hit, distribution{name: "uniform"}, missingBase, defaultMissKeys)
 	present := map[string]bool{}
 	for _, k := range ks.present {
 		present[string(k)] = true
@@ -369,6 +369,23 @@ func TestDistributions(t *testing.T) {
 	}
 	want := hit + (1-hit)*float64(l-1)/(2*l)
 	assert.InDelta(t, want, float64(found)/(chains*l), 0.01, "seed 3")
+
+	// Misses (--miss-keys): each a key outside the data set, the given
+	// number of them in turn, then the same again.
+	for _, misses := range []int{8, 3000} {
+		ks = newKeySet(m, 0, distribution{name: "uniform"}, missingBase, misses)
+		seen := map[string]int{}
+		for range 2 * misses {
+			k := ks.next()
+			require.Len(t, k, keySize)
+			require.False(t, present[string(k)], "a miss in the data set")
+			seen[string(k)]++
+		}
+		require.Len(t, seen, misses, "--miss-keys %d", misses)
+		for _, c := range seen {
+			require.Equal(t, 2, c, "--miss-keys %d", misses)
+		}
+	}
 }
 
 // TestPrefixAndTuning runs the prefix workload and the tier-option flags.
@@ -427,4 +444,29 @@ func TestBadUsageOfNewFlags(t *testing.T) {
 	_, stdout, _ := tierbench(t, "lookup", "-h")
 	assert.NotContains(t, stdout, "job-index", "a hidden flag shows")
 	assert.Contains(t, stdout, "--metrics-addr")
+}
+
+// TestMissKeysOfTheirOwn: with --miss-keys each workload's misses are keys
+// that no workload before it in the process drew; without it, every
+// workload draws the same 65,536.
+func TestMissKeysOfTheirOwn(t *testing.T) {
+	m := manifest{Seed: 3, Blocks: 100, BlockSize: 4096}
+	draw := func(s *session) map[string]bool {
+		ks, got := s.newKeySet(), map[string]bool{}
+		for range 8 {
+			got[string(ks.next())] = true
+		}
+		return got
+	}
+	own := newSession(&config{dist: "uniform", missKeys: 8, set: []string{"miss-keys"}}, "")
+	own.setManifest(m)
+	a, b := draw(own), draw(own)
+	require.Len(t, a, 8)
+	require.Len(t, b, 8)
+	for k := range b {
+		require.False(t, a[k], "a miss of the first workload again in the second")
+	}
+	shared := newSession(&config{dist: "uniform"}, "")
+	shared.setManifest(m)
+	require.Equal(t, draw(shared), draw(shared))
 }

@@ -33,6 +33,7 @@ type session struct {
 	ratios    []mixRatio    // mixed: what the stores did to the readers, per engine
 	barrierIn *bufio.Reader // a job's process: the parent's go-ahead for each workload
 	traces    int           // measured stretches traced (--trace)
+	missNext  uint64        // with --miss-keys, the next workload's first missing key index
 }
 
 func newSession(c *config, backing string) *session {

@@ -33,6 +33,7 @@ func workloadFlags(withData bool) func(*flag.FlagSet, *config) {
 		fs.StringVar(&c.engine, "engine", engine, "auto, uring, sync, or all (every engine available here)")
 		fs.Var(&c.batch, "batch", fmt.Sprintf("keys per batch: N, or per workload as lookup=N,load=N,... (default %d for lookups and prefix chains, %d for loads and stores)", defaultLookupBatch, defaultIOBatch))
 		fs.Float64Var(&c.hitRatio, "hit-ratio", defaultHitRatio, "fraction of lookup and load keys drawn from the populated range; the rest are missing (prefix: the fraction of chains present whole)")
+		fs.IntVar(&c.missKeys, "miss-keys", defaultMissKeys, "lookups and loads: each workload's misses are this many keys of its own, in turn, after those of the workloads before it in this process (32 bytes each, made before it starts; default: 65,536 shared by every workload); more than a workload draws makes every miss a name not looked up before in this process")
 		c.depth = perOp{all: defaultDepth, allSet: true}
 		fs.Var(&c.depth, "depth", "batches in flight (submitted, not yet polled): N, or per workload as lookup=N,load=N,...")
 		fs.DurationVar(&c.duration, "duration", defaultDuration, "how long each workload submits")
@@ -290,10 +291,22 @@ func (s *session) newWorkload(name string) workload {
 	case "store":
 		return s.storeWorkload(name, batch, uint64(max(s.c.jobIndex, 0)), uint64(s.c.jobs))
 	case "prefix":
-		ks := newKeySet(s.m, s.c.hitRatio, s.dist())
+		ks := s.newKeySet()
 		return workload{name: name, op: op, prefix: true, batch: batch, fill: func(keys, _ [][]byte) { ks.chain(keys) }}
 	}
-	return readWorkload(name, op, batch, newKeySet(s.m, s.c.hitRatio, s.dist()))
+	return readWorkload(name, op, batch, s.newKeySet())
+}
+
+// newKeySet makes a lookup or load workload's key set. Its misses are the
+// default's 65,536 shared by every workload, or with --miss-keys that many
+// of its own, after the previous workloads' in this process.
+func (s *session) newKeySet() *keySet {
+	if !s.c.isSet("miss-keys") {
+		return newKeySet(s.m, s.c.hitRatio, s.dist(), missingBase, defaultMissKeys)
+	}
+	from := missingBase + s.missNext
+	s.missNext += uint64(s.c.missKeys)
+	return newKeySet(s.m, s.c.hitRatio, s.dist(), from, s.c.missKeys)
 }
 
 // label fills in what a result of r.Workload on the tier info describes
