@@ -160,7 +160,7 @@ func (p *picker) pick() int {
 // from the populated range, missing keys from far outside it.
 type keySet struct {
 	present [][]byte // a sample (all, up to presentMax) of the populated range, in random order
-	missing []byte   // the missing keys from missingBase on, keySize bytes each, when hit < 1
+	missing []byte   // the missing keys, keySize bytes each, when hit < 1
 	rng     *rand.Rand
 	hit     float64
 	dist    distribution
@@ -173,10 +173,9 @@ const presentMax = 1 << 20
 
 // newKeySet precomputes the keys, present and (with hit < 1) misses
 // missing ones from index missFrom on, drawn in turn, in one allocation
-// each, so that neither
-// hashing nor garbage falls in the measured stretch (hashed on first use,
-// the missing keys were 65,536 allocations early in every lookup and load
-// run).
+// each, so that neither hashing nor garbage falls in the measured stretch
+// (hashed on first use, the missing keys were 65,536 allocations early in
+// every lookup and load run).
 // With the uniform distribution keys are drawn in order; with more keys
 // than one window of depth × batch, no key is in flight twice (which would
 // let lookups share operations). The skewed distributions pick by rank in
