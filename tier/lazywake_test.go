@@ -152,10 +152,11 @@ func TestIntakeYields(t *testing.T) {
 // TestOwnersYieldToWaiters: an owner yields its P after a chunk only when a
 // goroutine waits for one (mayYield): a 4,096-key lookup with nothing else
 // to run yields at few of its 128 chunks (the fewest of up to 3), and with
-// goroutines queued for a P at most of them. One P and one ring: with a ring per P, a goroutine
-// readied for the other P can wait there, rightly counted as waiting, on a
-// VM whose kernel leaves that P's thread on this one's CPU (it failed so
-// with 2 Ps, at 40 and 64-128 yields: docs/performance.md, 2026-12-07).
+// goroutines queued for a P at most of them. One P and one ring: with a
+// ring per P, a goroutine readied for the other P can wait there, rightly
+// counted as waiting, on a VM whose kernel leaves that P's thread on this
+// one's CPU (it failed so with 2 Ps, at 40 and 64-128 yields:
+// docs/performance.md, 2026-12-07).
 func TestOwnersYieldToWaiters(t *testing.T) {
 	prev := runtime.GOMAXPROCS(1)
 	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })

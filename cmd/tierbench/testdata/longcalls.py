@@ -12,25 +12,36 @@ import sys
 EVENT = re.compile(r"M=(-?\d+) P=(-?\d+) G=(-?\d+) (\w+) Time=(\d+)(.*)")
 
 
-def main():
-    long_ns = float(sys.argv[1] if len(sys.argv) > 1 else 300) * 1000
+def parse(lines):
+    """The events of `go tool trace -d=parsed` output, as (ns, M, P, G, kind, rest), in time order."""
     events = []
-    for line in sys.stdin:
+    for line in lines:
         m = EVENT.match(line)
         if m:
             events.append((int(m[5]), m[1], m[2], m[3], m[4], m[6].strip()))
-    events.sort()
+    return sorted(events)
+
+
+def long_calls(events, long_ns):
+    """The regions (Submit and Poll calls) of long_ns or more, as (start, end, G, M at the start, rest)."""
     begun, calls = {}, []
-    for t, _, _, g, kind, rest in events:
+    for t, m, _, g, kind, rest in events:
         if kind == "RegionBegin":
-            begun[g] = (t, rest)
+            begun[g] = (t, m, rest)
         elif kind == "RegionEnd" and g in begun:
-            start, what = begun.pop(g)
+            start, thread, what = begun.pop(g)
             if t - start >= long_ns:
-                calls.append((start, t, g, what))
+                calls.append((start, t, g, thread, what))
+    return calls
+
+
+def main():
+    long_ns = float(sys.argv[1] if len(sys.argv) > 1 else 300) * 1000
+    events = parse(sys.stdin)
+    calls = long_calls(events, long_ns)
     if not calls:
         print(f"no call of {long_ns / 1000:.0f} µs or more")
-    for start, end, g, what in calls:
+    for start, end, g, _, what in calls:
         print(f"=== G{g} {what}: {(end - start) / 1000:.0f} µs")
         for t, m, p, eg, kind, rest in events:
             if start - 50_000 <= t <= end + 5_000 and kind not in ("Metric",):

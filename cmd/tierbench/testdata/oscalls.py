@@ -27,8 +27,9 @@ import collections
 import re
 import sys
 
+from longcalls import long_calls, parse
+
 PERF = re.compile(r"\s*(\d+)\s+\[(\d+)\]\s+([\d.]+):\s+(\S+):\s*(.*)")
-GO = re.compile(r"M=(-?\d+) P=(-?\d+) G=(-?\d+) (\w+) Time=(\d+)(.*)")
 SILENT, IRQ = "on CPU, nothing seen", "on CPU, interrupts"
 
 
@@ -48,21 +49,12 @@ def load_events(path):
 
 
 def load_calls(paths, long_ns):
-    """The regions of long_ns or more, as (start, end, thread, kind, file)."""
+    """The regions of long_ns or more (longcalls.py's), as (start, end, thread, kind, file)."""
     calls = []
     for path in paths:
-        begun = {}
-        for line in open(path):
-            m = GO.match(line)
-            if not m:
-                continue
-            g, kind, at = m[3], m[4], int(m[5])
-            if kind == "RegionBegin":
-                begun[g] = (at, int(m[1]), m[6].split('"')[1] if '"' in m[6] else m[6])
-            elif kind == "RegionEnd" and g in begun:
-                start, thread, what = begun.pop(g)
-                if at - start >= long_ns:
-                    calls.append((start, at, thread, what, path.rsplit("/", 1)[-1]))
+        for start, end, _, thread, what in long_calls(parse(open(path)), long_ns):
+            kind = what.split('"')[1] if '"' in what else what
+            calls.append((start, end, int(thread), kind, path.rsplit("/", 1)[-1]))
     return sorted(calls)
 
 
