@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strings"
 
 	"github.com/dustin/go-humanize"
 
@@ -354,12 +353,4 @@ func (s *session) jobsText() string {
 		return ""
 	}
 	return fmt.Sprintf("; %d jobs, each its own process and tier", s.c.jobs)
-}
-
-// workloadList is names for humans: "lookup, load and store".
-func workloadList(names []string) string {
-	if len(names) <= 1 {
-		return strings.Join(names, "")
-	}
-	return strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
 }
