@@ -1,7 +1,6 @@
 package tier
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -855,7 +854,7 @@ func (b *uringBackend) wake() {
 	case b.onEventfd.Load():
 		// The owner set onEventfd before it last looked at wakeC, so
 		// either it saw the token or it sees the eventfd.
-		unix.RawSyscall(unix.SYS_WRITE, uintptr(b.evfdN), uintptr(unsafe.Pointer(&eventfdOne[0])), uintptr(len(eventfdOne))) // EAGAIN: the counter is full, the owner wakes anyway
+		uring.SignalEventfd(b.evfdN) // EAGAIN: the counter is full, the owner wakes anyway
 	}
 }
 
@@ -867,10 +866,6 @@ func (b *uringBackend) sleepsOnKernel() bool { return b.evfd == nil || b.inKerne
 // inKernel reports whether the kernel holds ops of this owner: one in use
 // that is not on the store pool, or a write of the pool's on the ring.
 func (b *uringBackend) inKernel() bool { return b.s.inUse > b.nPooled || b.nWrites > 0 }
-
-// eventfdOne is what wake adds to the eventfd's counter; shared and never
-// written, so that a wake allocates nothing.
-var eventfdOne = func() (b [8]byte) { binary.NativeEndian.PutUint64(b[:], 1); return }()
 
 // reap copies out completions and handles them: a finished op goes to
 // doneQ, one with another phase to next. It prepares no SQE.

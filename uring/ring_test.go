@@ -1,6 +1,7 @@
 package uring
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -631,6 +632,19 @@ func TestWakeEndsBlockedWait(t *testing.T) {
 	require.NoError(t, w.Wake())
 	got := run(t, r, 1)
 	assert.Equal(t, int32(8), got[wakeData].Res)
+}
+
+func TestSignalEventfd(t *testing.T) {
+	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	require.NoError(t, err)
+	require.NoError(t, SignalEventfd(fd))
+	require.NoError(t, SignalEventfd(fd))
+	var buf [8]byte
+	_, err = unix.Read(fd, buf[:])
+	require.NoError(t, err)
+	assert.Equal(t, uint64(2), binary.NativeEndian.Uint64(buf[:]), "each signal adds 1")
+	require.NoError(t, unix.Close(fd))
+	assert.ErrorIs(t, SignalEventfd(fd), unix.EBADF)
 }
 
 func TestSingleIssuerFromOtherThread(t *testing.T) {

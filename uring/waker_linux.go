@@ -1,6 +1,7 @@
 package uring
 
 import (
+	"encoding/binary"
 	"fmt"
 	"sync/atomic"
 	"unsafe"
@@ -39,25 +40,32 @@ func (w *Waker) Arm(sqe *SQE, userData uint64) {
 	sqe.UserData = userData
 }
 
-// wakeValue is what Wake adds to the eventfd counter; a package variable so
-// that the write allocates nothing.
-var wakeValue = [8]byte{1}
-
 // Wake ends the owner's current or next wait. Safe from any goroutine; a
 // Wake while one is pending costs no syscall.
 func (w *Waker) Wake() error {
 	if w.pending.Swap(true) {
 		return nil
 	}
-	for {
-		_, err := unix.Write(w.fd, wakeValue[:])
-		if err != unix.EINTR {
-			if err != nil {
-				return fmt.Errorf("uring: wake: %w", err)
-			}
-			return nil
-		}
+	if err := SignalEventfd(w.fd); err != nil {
+		return fmt.Errorf("uring: wake: %w", err)
 	}
+	return nil
+}
+
+// eventfdOne is what SignalEventfd adds to an eventfd's counter; shared
+// and never written, so that a signal allocates nothing.
+var eventfdOne = func() (b [8]byte) { binary.NativeEndian.PutUint64(b[:], 1); return }()
+
+// SignalEventfd adds 1 to the counter of eventfd fd, which wakes a reader
+// of it (a READ armed on a ring, Go's netpoller), with a raw write(2): a
+// write that does not block, which it cannot while the counter is far
+// from its maximum (a blocking eventfd then blocks it, a non-blocking one
+// fails EAGAIN), needs none of the runtime's system call bookkeeping.
+func SignalEventfd(fd int) error {
+	if _, _, errno := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&eventfdOne[0])), uintptr(len(eventfdOne))); errno != 0 {
+		return errno
+	}
+	return nil
 }
 
 // Close closes the eventfd; a second Close does nothing. Close the ring
