@@ -121,6 +121,7 @@ type config struct {
 	trace       string        // write a Go execution trace of each measured stretch to files named so
 	jobs        int           // processes, each with its own tier, on one directory
 	rounds      int           // run the engines this many times, in alternating order
+	interleave  int           // run each workload in this many slices per engine, the engines taking turns (0: one after the other)
 	jobIndex    int           // in a job's process: its index; -1 in the parent
 
 	// report
@@ -394,6 +395,13 @@ func (c *config) validateWorkload() error {
 	}
 	if c.rounds > 1 && (c.jobs > 1 || c.command == "mixed") {
 		return usagef("--rounds with --jobs or mixed: not supported; run the command again instead")
+	}
+	if c.interleave < 0 || c.interleave > 1000 {
+		return usagef("--interleave %d: want 1 to 1000 slices (0: the engines one after the other)", c.interleave)
+	}
+	if c.interleave > 0 && (c.engine != "all" || c.jobs > 1 || c.command == "mixed" || c.cold || c.trace != "" ||
+		c.interval > 0 || c.plot != "" || c.metricsAddr != "" || c.capacity > 0 || c.capacityShare > 0) {
+		return usagef("--interleave: with --engine all alone; not with --jobs, mixed, --cold, --trace, --interval, --plot, --metrics-addr or --capacity")
 	}
 	if c.jobs > 1 && c.latency > 0 {
 		return usagef("--latency with --jobs: each job would mount its own FUSE; run the jobs without --latency")

@@ -241,11 +241,22 @@ func (s *session) sumJobs(perJob [][]*result) []*result {
 // workload: counts add up, the time is the longest job's, the histograms
 // merge; Stopped says how many jobs stopped early, and the first one's why.
 func sumResults(rs []*result) *result {
+	t := addResults(rs, false)
+	t.Job, t.Jobs = -1, len(rs)
+	return t
+}
+
+// addSlices is the row of one job's slices of a workload run one after
+// the other (--interleave): what sumResults adds up, and the times too.
+func addSlices(rs []*result) *result { return addResults(rs, true) }
+
+// addResults adds up rs, of one engine and workload, run at once or, if
+// sequential, one after the other.
+func addResults(rs []*result, sequential bool) *result {
 	f := rs[0]
 	t := &result{
 		Engine: f.Engine, Workload: f.Workload, Batch: f.Batch, Depth: f.Depth, BlockSize: f.BlockSize,
-		Direct: f.Direct, Dir: f.Dir, Cold: f.Cold, Dist: f.Dist, EngineLine: f.EngineLine,
-		Job: -1, Jobs: len(rs),
+		Direct: f.Direct, Dir: f.Dir, Cold: f.Cold, Dist: f.Dist, EngineLine: f.EngineLine, Job: f.Job,
 	}
 	stopped, why := 0, "" // jobs whose store stopped early (Stopped), the first one's reason
 	for _, r := range rs {
@@ -264,7 +275,11 @@ func sumResults(rs []*result) *result {
 		if workloadOps[r.Workload] != tier.OpLookup {
 			t.bytes += r.Found * int64(r.BlockSize)
 		}
-		t.elapsed = max(t.elapsed, seconds(r.Seconds))
+		if sequential {
+			t.elapsed += seconds(r.Seconds)
+		} else {
+			t.elapsed = max(t.elapsed, seconds(r.Seconds))
+		}
 		t.cpu += seconds(r.CPUSeconds)
 		t.latencyMax = max(t.latencyMax, micros(r.LatencyUS.Max))
 		t.submitMax = max(t.submitMax, micros(r.SubmitMaxUS))
@@ -288,7 +303,7 @@ func sumResults(rs []*result) *result {
 			}
 		}
 	}
-	if stopped > 0 {
+	if stopped > 0 && !sequential {
 		t.Stopped = fmt.Sprintf("%d of %d jobs; %s", stopped, len(rs), why)
 	}
 	t.finish()

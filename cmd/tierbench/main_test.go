@@ -398,6 +398,9 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"lookup", "--dir", dir, "--rounds", "0"}, "--rounds 0"},
 		{[]string{"lookup", "--dir", dir, "--rounds", "2", "--jobs", "2"}, "--rounds with --jobs"},
 		{[]string{"mixed", "--dir", dir, "--rounds", "2"}, "--rounds with --jobs or mixed"},
+		{[]string{"lookup", "--dir", dir, "--engine", "all", "--interleave", "-1"}, "--interleave -1"},
+		{[]string{"lookup", "--dir", dir, "--interleave", "2"}, "--interleave: with --engine all alone"},
+		{[]string{"lookup", "--dir", dir, "--engine", "all", "--interleave", "2", "--trace", "x"}, "--interleave: with --engine all alone"},
 	} {
 		code, stdout, stderr := tierbench(t, c.args...)
 		assert.Equal(t, exitUsage, code, "%v", c.args)

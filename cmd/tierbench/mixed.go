@@ -96,7 +96,7 @@ func cmdMixed(ctx context.Context, c *config) error {
 	}
 	defer stop()
 	s.noteStoreMount()
-	all, err := s.runEngines(func(kind tier.EngineKind) ([]*result, error) { return s.runMixed(ctx, kind) })
+	all, err := s.runEngines(inTurn(func(kind tier.EngineKind) ([]*result, error) { return s.runMixed(ctx, kind) }))
 	// The blocks stored are there also when a later engine failed.
 	if s.stored > 0 {
 		if werr := writeManifest(c.dir, c.dataSet(), s.m); err == nil {

@@ -100,6 +100,9 @@ func (s *session) limitText() string {
 	if s.c.keys > 0 {
 		text = fmt.Sprintf("%s keys per workload", humanize.Comma(s.c.keys))
 	}
+	if s.c.interleave > 0 {
+		text += fmt.Sprintf(" (in %d slices, the engines taking turns)", s.c.interleave)
+	}
 	names := s.c.workloadNames()
 	if !slices.ContainsFunc(names, func(n string) bool { return s.warmup(n) > 0 }) {
 		return text

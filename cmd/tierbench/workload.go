@@ -70,6 +70,7 @@ func workloadFlags(withData bool) func(*flag.FlagSet, *config) {
 		fs.StringVar(&c.trace, "trace", "", "write a Go execution trace of each measured workload to FILE.WORKLOAD.ENGINE.N, its Submit and Poll calls as regions (go tool trace FILE...)")
 		fs.IntVar(&c.jobs, "jobs", 1, "processes, each with its own tier, on the one directory (as tensor-parallel ranks or servers sharing it)")
 		fs.IntVar(&c.jobIndex, "job-index", -1, "")
+		fs.IntVar(&c.interleave, "interleave", 0, "with --engine all: run each workload in this many slices per engine, the engines taking turns slice by slice on tiers open at once, so that each meets the machine and the filesystem as the other does (this VM's speed drifts from minute to minute; an ext4 without a journal makes stores after mass deletes dearer for minutes); 0: each engine's workloads in turn")
 		fs.IntVar(&c.rounds, "rounds", 1, "run every engine this many times, in turn and in alternating order, and print the first engine's figures divided by the other's: the median of the rounds' ratios, with their range (with --json, an engine_ratio object per workload)")
 	}
 }
@@ -128,13 +129,16 @@ func (s *session) runWorkloads(ctx context.Context, names []string) ([]*result, 
 	if s.c.jobs > 1 && !s.child() {
 		return s.runJobs(ctx, names)
 	}
-	return s.runEngines(func(kind tier.EngineKind) ([]*result, error) { return s.runEngine(ctx, kind, names) })
+	if s.c.interleave > 0 {
+		return s.runEngines(func(kinds []tier.EngineKind) ([]*result, error) { return s.runInterleaved(ctx, kinds, names) })
+	}
+	return s.runEngines(inTurn(func(kind tier.EngineKind) ([]*result, error) { return s.runEngine(ctx, kind, names) }))
 }
 
-// runEngines runs runEngine (the named workloads, or the mix) with each
-// engine --engine names, in turn, through the FUSE latency while
-// --latency asks for it.
-func (s *session) runEngines(runEngine func(tier.EngineKind) ([]*result, error)) ([]*result, error) {
+// runEngines runs runRound (the named workloads, or the mix) with the
+// engines --engine names, --rounds times, each time in the other order,
+// through the FUSE latency while --latency asks for it.
+func (s *session) runEngines(runRound func(kinds []tier.EngineKind) ([]*result, error)) ([]*result, error) {
 	unmount, err := s.mountLatency()
 	if err != nil {
 		return nil, err
@@ -142,16 +146,14 @@ func (s *session) runEngines(runEngine func(tier.EngineKind) ([]*result, error))
 	var all []*result
 	kinds := s.engines()
 	for round := 1; round <= max(s.c.rounds, 1); round++ {
-		for _, kind := range kinds {
-			rs, err := runEngine(kind)
-			for _, r := range rs {
-				r.Round = round
-			}
-			all = append(all, rs...)
-			if err != nil {
-				unmount()
-				return nil, fmt.Errorf("engine %s: %w", kind, err)
-			}
+		rs, err := runRound(kinds)
+		for _, r := range rs {
+			r.Round = round
+		}
+		all = append(all, rs...)
+		if err != nil {
+			unmount()
+			return nil, err
 		}
 		// Who runs first meets the filesystem as the last run left it
 		// (a store after a store, ext4 after mass deletes): take turns.
@@ -163,20 +165,27 @@ func (s *session) runEngines(runEngine func(tier.EngineKind) ([]*result, error))
 	return all, nil
 }
 
+// inTurn makes a round of runEngine with each engine, one after the other.
+func inTurn(runEngine func(tier.EngineKind) ([]*result, error)) func([]tier.EngineKind) ([]*result, error) {
+	return func(kinds []tier.EngineKind) ([]*result, error) {
+		var out []*result
+		for _, kind := range kinds {
+			rs, err := runEngine(kind)
+			out = append(out, rs...)
+			if err != nil {
+				return out, fmt.Errorf("engine %s: %w", kind, err)
+			}
+		}
+		return out, nil
+	}
+}
+
 // workloadOps maps a workload's name to the operation it submits.
 var workloadOps = map[string]tier.Op{"lookup": tier.OpLookup, "load": tier.OpLoad, "store": tier.OpStore, "prefix": tier.OpLookup}
 
 // runEngine runs the named workloads, in order, on one tier of engine kind.
 func (s *session) runEngine(ctx context.Context, kind tier.EngineKind, names []string) ([]*result, error) {
-	depthMax, batchMax, bufs := 0, 0, 0
-	for _, n := range names {
-		depth, batch := s.depthFor(n), s.batchFor(n)
-		depthMax, batchMax = max(depthMax, depth), max(batchMax, batch)
-		if workloadOps[n] != tier.OpLookup {
-			bufs = max(bufs, depth*batch)
-		}
-	}
-	tr, err := s.openTier(kind, depthMax, batchMax, bufs, true)
+	tr, err := s.openFor(kind, names)
 	if err != nil {
 		return nil, err
 	}
@@ -246,6 +255,20 @@ func (s *session) runEngine(ctx context.Context, kind tier.EngineKind, names []s
 		}
 	}
 	return out, closeTier(tr)
+}
+
+// openFor opens a tier of engine kind sized for the named workloads: the
+// deepest and widest, and buffers for the largest load or store.
+func (s *session) openFor(kind tier.EngineKind, names []string) (*tier.Tier, error) {
+	depthMax, batchMax, bufs := 0, 0, 0
+	for _, n := range names {
+		depth, batch := s.depthFor(n), s.batchFor(n)
+		depthMax, batchMax = max(depthMax, depth), max(batchMax, batch)
+		if workloadOps[n] != tier.OpLookup {
+			bufs = max(bufs, depth*batch)
+		}
+	}
+	return s.openTier(kind, depthMax, batchMax, bufs, true)
 }
 
 // room returns limits.room for a writing workload with --keep-free: the

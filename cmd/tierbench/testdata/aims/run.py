@@ -14,7 +14,10 @@ one first each round), it runs:
            and round the io_uring engine's keys a second and CPU a key ÷ the sync engine's, its
            callers' p99.9, its longest call ÷ the sync engine's (and, not the aim's figure, its
            longest among as many calls as the sync engine made ÷ the sync engine's longest; and
-           each engine's calls of 300 µs or more a million, pooled over every row and round)
+           each engine's calls of 300 µs or more a million, pooled over every row and round); then
+           the same with --interleave 8 (the engines taking turns in 8 slices of each workload, on
+           tiers open at once): keys a second and CPU a key ÷ the sync engine's, which the minute-to-
+           minute drift of this VM and of /tmp's ext4 (after mass deletes) then touch alike
   mixed    `tierbench mixed --engine all --json`: the io_uring engine's readers' p99, with 1 GiB of
            stores in flight ÷ without
   gluster  (with --only) the README's GlusterFS volumes, client caching off and on, each a one-brick
@@ -65,6 +68,9 @@ AIMS = [
     (f"{w}_max_eq", f"  the same at the sync engine's call count", "×", lambda v: v <= 1),
     (f"{w}_slow_uring", f"  calls of {SLOW_US} µs or more a million: io_uring", "", None),
     (f"{w}_slow_sync", f"  calls of {SLOW_US} µs or more a million: sync", "", None),
+]] + [a for w in ("lookup", "load", "store") for a in [
+    (f"{w}_rate_il", f"default run interleaved {w}s: keys/s ÷ sync", "×", lambda v: v >= 1),
+    (f"{w}_cpu_il", f"default run interleaved {w}s: CPU a key ÷ sync", "×", lambda v: v <= 1),
 ]] + [
     ("mixed_lookup", "lookups' p99 with stores ÷ without", "×", lambda v: v < 2),
     ("mixed_load", "loads' p99 with stores ÷ without", "×", lambda v: v < 2),
@@ -173,6 +179,18 @@ def default(b, a):
                 out.setdefault(key, []).append(v)
     for (w, e), (n, calls) in slow.items():
         out[f"{w}_slow_{e}_n"], out[f"{w}_slow_{e}_calls"] = [n], [calls]
+    # The caller's figures of slices are not the default run's: each slice starts its pipeline anew.
+    args = [f"{b.bin}/tierbench", "--rounds", "2", "--interleave", "8", "--json"]
+    p = subprocess.run(args, cwd=tempfile.gettempdir(), capture_output=True, text=True)
+    if p.returncode == 2 and "interleave" in p.stderr:
+        return out  # a build from before --interleave: no such figures
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)}: exit {p.returncode}\n{p.stderr[-2000:]}")
+    for rows in rounds(p.stdout):
+        for w in ("lookup", "load", "store"):
+            u, s = rows[(w, "uring")], rows[(w, "sync")]
+            out.setdefault(f"{w}_rate_il", []).append(u["keys_per_sec"] / s["keys_per_sec"])
+            out.setdefault(f"{w}_cpu_il", []).append(u["cpu_us_per_key"] / s["cpu_us_per_key"])
     return out
 
 
