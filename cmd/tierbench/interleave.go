@@ -58,7 +58,6 @@ func (s *session) runInterleaved(ctx context.Context, kinds []tier.EngineKind, n
 		for i := range order {
 			order[i] = i
 		}
-		collect()
 		for j := range n {
 			if lim.keys > 0 {
 				// The keys split evenly, the first slices taking the rest.
@@ -68,6 +67,7 @@ func (s *session) runInterleaved(ctx context.Context, kinds []tier.EngineKind, n
 				}
 			}
 			for _, i := range order {
+				collect() // as before any measured stretch: the last slice's garbage is not this one's
 				r := drive(ctx, trs[i], ws[i], depth, bufs[i], slice)
 				if sliceRan != nil {
 					sliceRan(kinds[i].String(), name, r.Keys)

@@ -69,8 +69,8 @@ AIMS = [
     (f"{w}_slow_uring", f"  calls of {SLOW_US} µs or more a million: io_uring", "", None),
     (f"{w}_slow_sync", f"  calls of {SLOW_US} µs or more a million: sync", "", None),
 ]] + [a for w in ("lookup", "load", "store") for a in [
-    (f"{w}_rate_il", f"default run interleaved {w}s: keys/s ÷ sync", "×", lambda v: v >= 1),
-    (f"{w}_cpu_il", f"default run interleaved {w}s: CPU a key ÷ sync", "×", lambda v: v <= 1),
+    (f"{w}_rate_il", f"interleaved {w}s: keys/s ÷ sync", "×", lambda v: v >= 1),
+    (f"{w}_cpu_il", f"interleaved {w}s: CPU a key ÷ sync", "×", lambda v: v <= 1),
 ]] + [
     ("mixed_lookup", "lookups' p99 with stores ÷ without", "×", lambda v: v < 2),
     ("mixed_load", "loads' p99 with stores ÷ without", "×", lambda v: v < 2),
