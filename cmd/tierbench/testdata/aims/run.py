@@ -28,7 +28,7 @@ stores ÷ fio's; root, fio, 9 GiB of memory).
 Then, per aim and build, the median over the rounds, the range, and whether the median meets it.
 
 usage: python3 cmd/tierbench/testdata/aims/run.py [--rounds 3] [--old REV] [--fio] [--only lookups,loads,...,gluster]
-Root for the cold lookups (they drop the caches) and for FUSE; Go; about 2 minutes a round a build.
+Root for the cold lookups (they drop the caches) and for FUSE; Go; about 3 minutes a round a build.
 """
 import argparse
 import json
