@@ -56,11 +56,11 @@ func (w *Waker) Wake() error {
 // and never written, so that a signal allocates nothing.
 var eventfdOne = func() (b [8]byte) { binary.NativeEndian.PutUint64(b[:], 1); return }()
 
-// SignalEventfd adds 1 to the counter of eventfd fd, which wakes a reader
-// of it (a READ armed on a ring, Go's netpoller), with a raw write(2): a
-// write that does not block, which it cannot while the counter is far
-// from its maximum (a blocking eventfd then blocks it, a non-blocking one
-// fails EAGAIN), needs none of the runtime's system call bookkeeping.
+// SignalEventfd adds 1 to the counter of eventfd fd, waking a reader of it
+// (a READ armed on a ring, Go's netpoller). The write(2) is raw, without
+// the runtime's system call bookkeeping: it cannot block while the counter
+// is below its maximum, near which a blocking eventfd's write would block
+// and a non-blocking one's fails EAGAIN.
 func SignalEventfd(fd int) error {
 	if _, _, errno := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&eventfdOne[0])), uintptr(len(eventfdOne))); errno != 0 {
 		return errno
