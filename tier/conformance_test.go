@@ -291,46 +291,6 @@ func TestLookupCache(t *testing.T) {
 	})
 }
 
-// TestSameTimeAnswers: with the lookup cache off, a key asked twice in one
-// request is looked up once, the second ask answered from what the first
-// found after the request was submitted; a request submitted after that
-// lookup asks the filesystem again.
-func TestSameTimeAnswers(t *testing.T) {
-	forEachEngine(t, func(t *testing.T, kind EngineKind) {
-		tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.LookupCacheTTL = -1 })
-		const n = 200 // more than an owner submits at once (submitChunk), so most first asks end before their second
-		var idx []int
-		var want []Status
-		for i := range n {
-			idx = append(idx, i)
-			want = append(want, StatusMissing)
-			if i%2 == 0 {
-				put(t, tr, i)
-				want[i] = StatusFound
-			}
-		}
-		ops := func() (sum uint64) {
-			for _, o := range tr.Stats().RingOps {
-				sum += o
-			}
-			return sum
-		}
-		before := ops()
-		require.NoError(t, tr.Lookup(1, testKeys(append(idx, idx...)...)))
-		assert.Equal(t, append(want, want...), statuses(await(t, tr, 1)[1]))
-		assert.Equal(t, uint64(n), ops()-before, "one lookup a key")
-		st := tr.Stats()
-		assert.Equal(t, uint64(n), st.CacheHits+st.Shared, "every second ask shared or answered")
-
-		// Later, behind the tier's back: the filesystem is asked anew.
-		require.NoError(t, tr.BlockStore().Delete(tr.Namespace(), testKey(0)))
-		hits := tr.Stats().CacheHits
-		require.NoError(t, tr.Lookup(2, testKeys(0)))
-		assert.Equal(t, []Status{StatusMissing}, statuses(await(t, tr, 2)[2]))
-		assert.Equal(t, hits, tr.Stats().CacheHits)
-	})
-}
-
 // TestOwnersHashLargeBatches: the keys of a large batch, which the owners
 // hash (ownersHash), reach the same shard and cache entry as those of small
 // batches, which the caller hashes, both ways, lookups and loads alike.

@@ -22,7 +22,6 @@ var conformanceSuite = []suiteTest{
 	{"TestLookupColdDentries", TestLookupColdDentries},
 	{"TestDuplicateAndSharedKeys", TestDuplicateAndSharedKeys},
 	{"TestLookupCache", TestLookupCache},
-	{"TestSameTimeAnswers", TestSameTimeAnswers},
 	{"TestOwnersHashLargeBatches", TestOwnersHashLargeBatches},
 	{"TestLoad", TestLoad},
 	{"TestLoadCorrupt", TestLoadCorrupt},

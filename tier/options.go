@@ -172,11 +172,7 @@ type Options struct {
 	// by another process) loads as StatusMissing, and the cache learns it;
 	// a block another process stored since is reported missing for at
 	// most the TTL. Tier.InvalidateLookups empties the cache; deletes,
-	// the evictor's among them, update it. Whatever the TTL, a key asked
-	// again in a request submitted before a lookup of it started is
-	// answered with what that lookup found (a key asked twice in one
-	// request is looked up once), as a lookup in flight is shared: an
-	// answer as of a moment after the request was submitted.
+	// the evictor's among them, update it.
 	LookupCacheTTL time.Duration
 	// LookupCacheSize bounds the cache's entries, per ring. Default 1<<20,
 	// at most 1<<24.

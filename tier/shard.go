@@ -628,8 +628,8 @@ func (s *shard) startPass(now time.Time, pass Op) {
 func (s *shard) startKey(r *request, i int, h uint64, now time.Time) bool {
 	key := r.key(i)
 	ttl := s.t.opts.LookupCacheTTL
-	if r.op == OpLookup || ttl > 0 && r.op == OpStore {
-		if e, ok := s.cache[h]; ok && bytes.Equal(e.key[:e.keyLen], key) && s.fresh(e, r, now) {
+	if ttl > 0 && (r.op == OpLookup || r.op == OpStore) {
+		if e, ok := s.cache[h]; ok && bytes.Equal(e.key[:e.keyLen], key) && now.Sub(s.epoch)-time.Duration(e.at) < ttl {
 			st := StatusPending
 			switch {
 			case r.op == OpLookup && e.found:
@@ -912,40 +912,12 @@ func (s *shard) finish(j int32, now time.Time) {
 	s.free = append(s.free, j)
 }
 
-// fresh reports whether cache entry e may answer key of request r at now:
-// within LookupCacheTTL, or, whatever the TTL (the cache off too), if what
-// it says holds as of a moment after r was submitted (an op that started
-// since, as an op in flight that r's key shares). Such an answer is no
-// staler than the filesystem's own would be: it is how a key asked twice
-// in one request, or in requests submitted together, is looked up once
-// when the first op ends before the second key starts (io_uring answers
-// most lookups at once). tierbench lookup, the cache off (its default),
-// --engine all --rounds 2, before and after, two runs each: on 512 blocks
-// (a batch of 1,024 asks most keys twice) the io_uring engine made 0.50x
-// and 0.57x the sync engine's keys a second, whose slower ops the second
-// asks had shared while in flight, and 1.46x and 1.47x after; --dist zipf
-// on 4,096 blocks 1.33x and 1.23x, then 2.07x and 1.80x; the default
-// uniform draw, few keys asked twice, 2.03x and 2.04x, then 2.16x and 1.89x.
-func (s *shard) fresh(e cacheEntry, r *request, now time.Time) bool {
-	if e.at >= int64(r.submitted.Sub(s.epoch)) {
-		return true
-	}
-	ttl := s.t.opts.LookupCacheTTL
-	return ttl > 0 && now.Sub(s.epoch)-time.Duration(e.at) < ttl
-}
-
-// sameTimeEntries bounds the cache's entries per ring when
-// LookupCacheTTL is off, and it holds only what lookups learned for
-// requests submitted before them (fresh): about as many as a ring has
-// ops, times a few.
-const sameTimeEntries = 4096
-
 // remember updates the lookup cache with what op o learned: this shard's,
 // or, for a load dealt here whose key's lookups go to another shard, that
 // one's, which takes it in at its next intake.
 func (s *shard) remember(o *op, now time.Time) {
-	if s.t.opts.LookupCacheTTL <= 0 && o.kind != OpLookup {
-		return // only fresh entries are read (above), and a lookup's are its home shard's
+	if s.t.opts.LookupCacheTTL <= 0 {
+		return
 	}
 	var found bool
 	switch o.status {
@@ -987,11 +959,7 @@ func (s *shard) remember(o *op, now time.Time) {
 // cacheStore puts e, the entry of the key with hash h, in the lookup
 // cache, emptying a full one first.
 func (s *shard) cacheStore(h uint64, e cacheEntry) {
-	size := s.t.opts.LookupCacheSize
-	if s.t.opts.LookupCacheTTL <= 0 {
-		size = min(size, sameTimeEntries)
-	}
-	if len(s.cache) >= size {
+	if len(s.cache) >= s.t.opts.LookupCacheSize {
 		clear(s.cache)
 	}
 	s.cache[h] = e
