@@ -70,7 +70,7 @@ func (s *session) runInterleaved(ctx context.Context, kinds []tier.EngineKind, n
 				collect() // as before any measured stretch: the last slice's garbage is not this one's
 				r := drive(ctx, trs[i], ws[i], depth, bufs[i], slice)
 				if sliceRan != nil {
-					sliceRan(kinds[i].String(), name, r.Keys)
+					sliceRan(kinds[i].String(), r)
 				}
 				parts[i] = append(parts[i], r)
 			}
@@ -92,5 +92,5 @@ func (s *session) runInterleaved(ctx context.Context, kinds []tier.EngineKind, n
 }
 
 // sliceRan, when set (by tests), is called after each slice with its
-// engine, workload and keys.
-var sliceRan func(engine, workload string, keys int64)
+// engine and result.
+var sliceRan func(engine string, r *result)

@@ -13,7 +13,7 @@ import (
 // TestInterleave runs lookups and stores with --interleave 3: each
 // engine's keys in three slices, the engines taking turns, the other one
 // first at every slice, and a row per engine and workload that adds the
-// slices up.
+// slices up, their times too.
 func TestInterleave(t *testing.T) {
 	if err := uring.Available(); err != nil {
 		t.Skipf("--interleave takes two engines; io_uring is not available: %v", err)
@@ -23,7 +23,11 @@ func TestInterleave(t *testing.T) {
 		keys             int64
 	}
 	var ran []slice
-	sliceRan = func(engine, workload string, keys int64) { ran = append(ran, slice{engine, workload, keys}) }
+	seconds := map[string]float64{} // workload and engine: the slices' seconds
+	sliceRan = func(engine string, r *result) {
+		ran = append(ran, slice{engine, r.Workload, r.Keys})
+		seconds[r.Workload+" "+engine] += r.Seconds
+	}
 	t.Cleanup(func() { sliceRan = nil })
 	t.Setenv("TMPDIR", t.TempDir())
 
@@ -56,6 +60,7 @@ func TestInterleave(t *testing.T) {
 		assert.Equal(t, int64(96), r.Keys, line)
 		assert.Zero(t, r.Errors, line)
 		assert.Positive(t, r.Seconds, line)
+		assert.InEpsilon(t, seconds[r.Workload+" "+r.Engine], r.Seconds, 1e-6, "the row's seconds are its slices': %s", line)
 	}
 	assert.Equal(t, []string{"lookup uring", "lookup sync", "store uring", "store sync"}, rows)
 }
