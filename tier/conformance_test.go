@@ -341,10 +341,20 @@ func TestOwnersHashLargeBatches(t *testing.T) {
 		for i := range tr.reqs {
 			if r := &tr.reqs[i]; r.n() == ownersHashKeys && len(r.hashes) == 0 {
 				large++
+				// Hashed once, chunk by chunk, where more than one owner
+				// would hash them.
+				if len(tr.shards) > 1 {
+					assert.Len(t, r.chunks, ownersHashKeys/hashChunk)
+				} else {
+					assert.Empty(t, r.chunks)
+				}
+				for c := range r.chunks {
+					assert.EqualValues(t, chunkHashed, r.chunks[c].Load(), "chunk %d", c)
+				}
 			}
 		}
 		tr.mu.Unlock()
-		assert.Equal(t, 1, large, "a slot of the large batch without hashes")
+		assert.Equal(t, 1, large, "a slot of the large batch without the caller's hashes")
 		tr.InvalidateLookups()
 		put(t, tr, evens...)
 		assert.Zero(t, lookup(ownersHashKeys))
@@ -371,6 +381,24 @@ func TestOwnersHashLargeBatches(t *testing.T) {
 		}
 		forget()
 		assert.Equal(t, uint64(ownersHashKeys), lookup(small), "what a large load learned, small lookups find")
+
+		// A large load of other keys in the request slot that a large
+		// lookup's owners just hashed into (hashChunks) hashes its own keys.
+		tr.InvalidateLookups()
+		put(t, tr, evens...)
+		lookup(ownersHashKeys)
+		for k := range idx {
+			idx[k] += ownersHashKeys
+		}
+		for k := range evens {
+			evens[k] += ownersHashKeys
+		}
+		put(t, tr, evens...)
+		req++
+		require.NoError(t, tr.Load(req, testKeys(idx...), bufs))
+		assert.Equal(t, got, statuses(await(t, tr, req)[req]))
+		forget()
+		assert.Equal(t, uint64(ownersHashKeys), lookup(small), "what a large load in a large lookup's slot learned, small lookups find")
 	})
 }
 

@@ -3,6 +3,7 @@ package tier
 import (
 	"bytes"
 	"fmt"
+	"hash/maphash"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -540,6 +541,26 @@ func (s *shard) mine(r *request, i int) (h uint64, ok bool) {
 	return h, r.op == OpLoad || shardOfHash(h, len(s.t.shards)) == s.idx
 }
 
+// hashChunks hashes the chunks of r's keys that no owner has claimed,
+// where the owners hash (ownersHash), from the shard's own place in r on:
+// an owner that comes late finds its share hashed, and two at once each
+// hash half.
+func (s *shard) hashChunks(r *request) {
+	n := len(r.chunks)
+	first := s.idx * n / len(s.t.shards)
+	for k := range n {
+		c := &r.chunks[(first+k)%n]
+		if c.Load() != chunkFree || !c.CompareAndSwap(chunkFree, chunkClaimed) {
+			continue
+		}
+		lo := (first + k) % n * hashChunk
+		for i := lo; i < min(lo+hashChunk, r.n()); i++ {
+			r.ownHashes[i] = maphash.Bytes(s.t.seed, r.key(i))
+		}
+		c.Store(chunkHashed)
+	}
+}
+
 // storesMax is how many stores a shard has in flight at most: reads go to
 // the filesystem first, and a burst of stores must not fill the device's
 // queue ahead of them. deletesMax is the same for deletes, which come
@@ -589,6 +610,9 @@ func (s *shard) startPass(now time.Time, pass Op) {
 			continue
 		}
 		i := int(r.cursor[s.idx])
+		if i == 0 && len(r.chunks) > 0 {
+			s.hashChunks(r)
+		}
 		for ; i < r.n(); i++ {
 			h, mine := s.mine(r, i)
 			if !mine {
