@@ -55,6 +55,7 @@ AIMS = [
     ("warm_loop", "warm lookups ÷ one thread", "×", lambda v: v >= 1.5),
     ("cold_pool", "cold lookups ÷ best pool", "×", lambda v: v >= 1),
     ("cached", "cached lookups, M keys/s", "", lambda v: v >= 10),
+    ("cached_sync", "  the same ÷ sync", "×", None),
     ("fuse_loop", "FUSE 1 ms lookups ÷ one thread", "×", lambda v: v >= 30),
     ("fuse_pool", "FUSE 1 ms lookups ÷ pool of 64", "×", lambda v: v >= 1),
     ("load_64KiB", "page-cache loads 64 KiB ÷ sync", "×", lambda v: v >= 1),
@@ -122,6 +123,8 @@ def lookups(b, a):
         "warm_loop": uring / warm("fstatat-loop"),
         "cold_pool": min(rows[n]["ns/op"] for n in cold_pools) / cold("uring-openpath"),
         "cached": rows["BenchmarkLookupCached/engine=uring"]["keys/s"] / 1e6,
+        "cached_sync": rows["BenchmarkLookupCached/engine=uring"]["keys/s"]
+        / rows["BenchmarkLookupCached/engine=sync"]["keys/s"],
     }
 
 
