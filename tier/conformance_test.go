@@ -7,12 +7,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io/fs"
 	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -288,6 +290,140 @@ func TestLookupCache(t *testing.T) {
 		require.NoError(t, tr.Store(6, testKeys(5), [][]byte{buf}))
 		assert.Equal(t, []Status{StatusPresent}, statuses(await(t, tr, 6)[6]))
 		assert.Equal(t, hits+2, tr.Stats().CacheHits)
+	})
+}
+
+// TestLookupsAnsweredInCall: a small lookup whose every key the cache
+// holds, fresh, is answered in the caller's call, its Result ready for the
+// next Poll, with what an owner would have answered; the tier's own
+// stores, deletes and loads reach it first, and InvalidateLookups, a TTL
+// passed, a large batch or one key not there leave it to the owners.
+func TestLookupsAnsweredInCall(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		var inCall atomic.Int32
+		answeredInCall = func(*request) { inCall.Add(1) }
+		t.Cleanup(func() { answeredInCall = nil })
+		tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.LookupCacheTTL = time.Hour })
+		req := uint64(0)
+		// ask looks idx up and says what came back and whether the
+		// call answered it, in which case Poll has it at once.
+		ask := func(prefix bool, idx ...int) ([]Status, bool) {
+			t.Helper()
+			req++
+			n := inCall.Load()
+			submit := tr.Lookup
+			if prefix {
+				submit = tr.LookupPrefix
+			}
+			require.NoError(t, submit(req, testKeys(idx...)))
+			if inCall.Load() == n {
+				return statuses(await(t, tr, req)[req]), false
+			}
+			res := make([]Result, 2)
+			require.Equal(t, 1, tr.Poll(res), "answered in the call, ready at once")
+			require.Equal(t, req, res[0].Req)
+			return statuses(res[0]), true
+		}
+		started := func() (n uint64) {
+			for _, s := range tr.shards {
+				n += s.started.Load()
+			}
+			return n
+		}
+
+		put(t, tr, 1)
+		got, in := ask(false, 1, 2, 3)
+		assert.False(t, in, "the cache starts empty")
+		want := []Status{StatusFound, StatusMissing, StatusMissing}
+		assert.Equal(t, want, got)
+		hits, ops := tr.Stats().CacheHits, started()
+		got, in = ask(false, 1, 2, 3)
+		assert.True(t, in)
+		assert.Equal(t, want, got)
+		assert.Equal(t, hits+3, tr.Stats().CacheHits)
+		assert.Equal(t, ops, started(), "no owner started an op")
+		outcomes := tr.Stats().Outcomes[OpLookup]
+		assert.Equal(t, uint64(2), outcomes[StatusFound], "counted like an owner's answers")
+		assert.Equal(t, uint64(4), outcomes[StatusMissing])
+
+		// Prefix-only: the keys after the first miss are skipped.
+		got, in = ask(true, 1, 2, 3)
+		assert.True(t, in)
+		assert.Equal(t, []Status{StatusFound, StatusMissing, StatusSkipped}, got)
+
+		// The tier's own store and delete are in the cache before their
+		// Results are.
+		require.NoError(t, tr.Store(100, testKeys(2), [][]byte{testPayload(2)}))
+		assert.Equal(t, []Status{StatusStored}, statuses(await(t, tr, 100)[100]))
+		require.NoError(t, tr.Delete(101, testKeys(1)))
+		assert.Equal(t, []Status{StatusDeleted}, statuses(await(t, tr, 101)[101]))
+		got, in = ask(false, 1, 2, 3)
+		assert.True(t, in)
+		assert.Equal(t, []Status{StatusMissing, StatusFound, StatusMissing}, got)
+
+		// A load that finds a block gone behind the tier's back: a lookup
+		// after its Result says missing, also where the load ran on
+		// another shard than the key's, whose news waits for the key's
+		// owner to take it in.
+		idx := []int{10, 11, 12, 13, 14, 15, 16, 17}
+		put(t, tr, idx...)
+		got, _ = ask(false, idx...)
+		require.Equal(t, slices.Repeat([]Status{StatusFound}, len(idx)), got)
+		elsewhere := 0
+		for _, i := range idx {
+			require.NoError(t, tr.BlockStore().Delete(tr.Namespace(), testKey(i)))
+			req++
+			require.NoError(t, tr.Load(req, testKeys(i), [][]byte{make([]byte, testBlockSize)}))
+			require.Equal(t, []Status{StatusMissing}, statuses(await(t, tr, req)[req]))
+			home := tr.shards[shardOfHash(maphash.Bytes(tr.seed, testKey(i)), len(tr.shards))]
+			if home.learnedN.Load() > 0 {
+				elsewhere++
+			}
+			got, _ = ask(false, i)
+			assert.Equal(t, []Status{StatusMissing}, got, "key %d", i)
+		}
+		if len(tr.shards) > 1 {
+			assert.Positive(t, elsewhere, "a load on another shard than its key's")
+		}
+
+		tr.InvalidateLookups()
+		_, in = ask(false, 2)
+		assert.False(t, in, "after InvalidateLookups")
+		_, in = ask(false, 2)
+		assert.True(t, in)
+		_, in = ask(false, 2, 99)
+		assert.False(t, in, "a key not in the cache")
+		large := make([]int, ownersHashKeys)
+		for i := range large {
+			large[i] = 1000 + i
+		}
+		ask(false, large...)
+		_, in = ask(false, large...)
+		assert.False(t, in, "a batch the owners hash")
+		_, in = ask(false, large[:ownersHashKeys-1]...)
+		assert.True(t, in, "one key fewer")
+		if kind == EngineURing {
+			// More rings than the owners hash for: the caller hashes a
+			// large batch too, and still leaves it to the owners.
+			tr = openTier(t, kind, t.TempDir(), func(o *Options) {
+				o.LookupCacheTTL, o.Rings = time.Hour, ownersHashShards+1
+			})
+			require.False(t, ownersHash(ownersHashKeys, len(tr.shards)))
+			ask(false, large...)
+			_, in = ask(false, large...)
+			assert.False(t, in, "a large batch on %d rings", len(tr.shards))
+		}
+
+		// A TTL passed: the owners ask the filesystem again.
+		tr = openTier(t, kind, t.TempDir(), func(o *Options) { o.LookupCacheTTL = time.Second })
+		put(t, tr, 1)
+		ask(false, 1)
+		_, in = ask(false, 1)
+		assert.True(t, in)
+		time.Sleep(1100 * time.Millisecond)
+		got, in = ask(false, 1)
+		assert.False(t, in, "past the TTL")
+		assert.Equal(t, []Status{StatusFound}, got)
 	})
 }
 

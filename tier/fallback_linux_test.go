@@ -22,6 +22,7 @@ var conformanceSuite = []suiteTest{
 	{"TestLookupColdDentries", TestLookupColdDentries},
 	{"TestDuplicateAndSharedKeys", TestDuplicateAndSharedKeys},
 	{"TestLookupCache", TestLookupCache},
+	{"TestLookupsAnsweredInCall", TestLookupsAnsweredInCall},
 	{"TestOwnersHashLargeBatches", TestOwnersHashLargeBatches},
 	{"TestLoad", TestLoad},
 	{"TestLoadCorrupt", TestLoadCorrupt},

@@ -167,9 +167,13 @@ type Options struct {
 	// answered StatusPresent without writing; loads always go to the
 	// filesystem. Default 1 s; negative turns the cache off. A scheduler
 	// that asks about a waiting request's blocks every step then costs the
-	// filesystem one lookup per key a second. Staleness is bounded by the
-	// TTL and is safe: a block found in memory but gone from disk (evicted
-	// by another process) loads as StatusMissing, and the cache learns it;
+	// filesystem one lookup per key a second; and a lookup of fewer than
+	// 128 keys that the cache answers whole is answered in the Lookup
+	// call itself, its Result ready for the next Poll, without waking an
+	// owner (a round trip of 8 keys in 0.4 us,
+	// BenchmarkLookupCachedRoundTrip). Staleness is bounded by the TTL
+	// and is safe: a block found in memory but gone from disk (evicted by
+	// another process) loads as StatusMissing, and the cache learns it;
 	// a block another process stored since is reported missing for at
 	// most the TTL. Tier.InvalidateLookups empties the cache; deletes,
 	// the evictor's among them, update it.

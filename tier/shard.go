@@ -144,15 +144,15 @@ type shard struct {
 	ops         []op
 	free        []int32
 	inUse       int
-	opTime      time.Duration // a moving average of how long ops take, start to finish (gather)
-	stores      int           // of inUse
-	deletes     int           // of inUse
-	lookupsN    int           // of inUse: lookups
-	lookupsMax  int           // lookupsN at most (io_uring: lookupsMax, or WorkersMax if more)
-	aside       int           // of inUse: loads whose Judge runs aside (io_uring, judgeAside)
-	lookups     opIndex       // key hash -> lookup op, to share one op among requests
-	cache       map[uint64]cacheEntry
-	cacheEpoch  uint64
+	opTime      time.Duration         // a moving average of how long ops take, start to finish (gather)
+	stores      int                   // of inUse
+	deletes     int                   // of inUse
+	lookupsN    int                   // of inUse: lookups
+	lookupsMax  int                   // lookupsN at most (io_uring: lookupsMax, or WorkersMax if more)
+	aside       int                   // of inUse: loads whose Judge runs aside (io_uring, judgeAside)
+	lookups     opIndex               // key hash -> lookup op, to share one op among requests
+	cache       map[uint64]cacheEntry // written under cacheMu
+	cacheEpoch  uint64                // written under cacheMu
 	stuck       int
 	opDeadline  time.Time // no op in flight has an earlier deadline: expire skips its scan before it
 	breaker     bool
@@ -165,6 +165,13 @@ type shard struct {
 	touched     map[uint64]int64 // key hash -> when this shard last reported the block used (recency.go)
 
 	counts *keyCounters // this owner's per-key counters, for Stats
+
+	// cacheMu guards the owner's writes of cache and cacheEpoch against a
+	// caller that reads them (Tier.answered); the owner, their one writer,
+	// reads them without it. learnedN counts the entries of learned not
+	// yet in cache: it falls under cacheMu, once they are.
+	cacheMu  sync.Mutex
+	learnedN atomic.Int32
 
 	loadKeys atomic.Int64  // keys of loads dealt to this shard and not yet answered (Tier.dealLoad)
 	inFlight atomic.Int64  // ops in the backend, for Stats
@@ -461,20 +468,27 @@ func (s *shard) intake() (abandon, yield bool) {
 			}
 		}
 	}
-	if e := s.t.cacheEpoch.Load(); e != s.cacheEpoch {
-		s.cacheEpoch = e
-		clear(s.cache)
-	}
-	// Before any key of the requests just taken starts: a load's outcome
-	// is here before its Result is published, so a lookup submitted after
-	// the caller polled it sees what the load learned.
-	for _, l := range learned {
-		// Not what was learned before InvalidateLookups, nor over what
-		// this shard learned since.
-		old, ok := s.cache[l.hash]
-		if l.epoch == s.cacheEpoch && (!ok || old.at < l.e.at || old.keyLen != l.e.keyLen || old.key != l.e.key) {
-			s.cacheStore(l.hash, l.e)
+	e := s.t.cacheEpoch.Load()
+	if e != s.cacheEpoch || len(learned) > 0 {
+		s.cacheMu.Lock()
+		if e != s.cacheEpoch {
+			s.cacheEpoch = e
+			clear(s.cache)
 		}
+		// Before any key of the requests just taken starts: a load's
+		// outcome is here before its Result is published, so a lookup
+		// submitted after the caller polled it sees what the load learned
+		// (and one answered in the call waits for it: Tier.answered).
+		for _, l := range learned {
+			// Not what was learned before InvalidateLookups, nor over what
+			// this shard learned since.
+			old, ok := s.cache[l.hash]
+			if l.epoch == s.cacheEpoch && (!ok || old.at < l.e.at || old.keyLen != l.e.keyLen || old.key != l.e.key) {
+				s.cacheStore(l.hash, l.e)
+			}
+		}
+		s.learnedN.Add(-int32(len(learned)))
+		s.cacheMu.Unlock()
 	}
 	s.spareL = learned[:0]
 	return abandon, yield
@@ -968,7 +982,9 @@ func (s *shard) remember(o *op, now time.Time) {
 	home := s.t.shards[shardOfHash(o.hash, len(s.t.shards))]
 	if home == s {
 		if old, ok := s.cache[o.hash]; !ok || old.at <= e.at || old.keyLen != e.keyLen || old.key != e.key {
+			s.cacheMu.Lock()
 			s.cacheStore(o.hash, e)
+			s.cacheMu.Unlock()
 		}
 		return
 	}
@@ -976,12 +992,13 @@ func (s *shard) remember(o *op, now time.Time) {
 	home.mu.Lock()
 	if len(home.learned) < learnedMax {
 		home.learned = append(home.learned, learnedEntry{e, o.hash, o.epoch})
+		home.learnedN.Add(1)
 	}
 	home.mu.Unlock()
 }
 
 // cacheStore puts e, the entry of the key with hash h, in the lookup
-// cache, emptying a full one first.
+// cache, emptying a full one first. Under cacheMu.
 func (s *shard) cacheStore(h uint64, e cacheEntry) {
 	if len(s.cache) >= s.t.opts.LookupCacheSize {
 		clear(s.cache)

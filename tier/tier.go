@@ -1,6 +1,7 @@
 package tier
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"hash/maphash"
@@ -671,7 +672,10 @@ func (t *Tier) submitTo(id uint64, op Op, prefixOnly bool, keys [][]byte, bufs [
 	r.firstMiss.Store(int32(len(keys)))
 	t.stats.requests[op].Add(1)
 	t.stats.keys[op].Add(uint64(len(keys)))
-	if len(keys) == 0 {
+	if len(keys) == 0 || op == OpLookup && t.answered(r, mask, start) {
+		if len(keys) > 0 && answeredInCall != nil {
+			answeredInCall(r)
+		}
 		t.publish(r)
 		return r, nil
 	}
@@ -689,6 +693,78 @@ func (t *Tier) submitTo(id uint64, op Op, prefixOnly bool, keys [][]byte, bufs [
 	}
 	return r, nil
 }
+
+// answered answers every key of lookup r, on the shards in mask, from
+// their lookup caches in the caller's call, if the caller hashed the keys
+// (a batch under ownersHashKeys) and every one is there, fresh, in the
+// cache's current epoch, with no news from a load on its way to that
+// cache (shard.learnedN); otherwise it leaves r's results as they were
+// and reports false, and the owners answer r. A scheduler asks about the
+// same prefix at every step: such a call wakes no owner, and its Result
+// is ready for the next Poll.
+func (t *Tier) answered(r *request, mask uint64, now time.Time) bool {
+	ttl := t.opts.LookupCacheTTL
+	if ttl <= 0 || r.n() >= ownersHashKeys || len(r.hashes) != r.n() {
+		return false
+	}
+	epoch, n := t.cacheEpoch.Load(), len(t.shards)
+	first := r.n() // the first key the cache says is missing
+	for si, s := range t.shards {
+		if mask&(1<<si) == 0 {
+			continue
+		}
+		s.cacheMu.Lock()
+		ok := s.cacheEpoch == epoch && s.learnedN.Load() == 0
+		age := now.Sub(s.epoch)
+		for i := 0; ok && i < r.n(); i++ {
+			h := r.hashes[i]
+			if shardOfHash(h, n) != si {
+				continue
+			}
+			e, hit := s.cache[h]
+			ok = hit && bytes.Equal(e.key[:e.keyLen], r.key(i)) && age-time.Duration(e.at) < ttl
+			r.res[i].Status = StatusFound
+			if !e.found {
+				r.res[i].Status = StatusMissing
+				first = min(first, i)
+			}
+		}
+		s.cacheMu.Unlock()
+		if !ok {
+			clear(r.res)
+			return false
+		}
+	}
+	hits := r.n()
+	if r.prefixOnly {
+		for i := first + 1; i < r.n(); i++ {
+			r.res[i].Status = StatusSkipped
+		}
+		hits = min(first+1, r.n())
+	}
+	t.stats.cacheHits.Add(uint64(hits))
+	for si, s := range t.shards {
+		if mask&(1<<si) == 0 {
+			continue
+		}
+		var c [statusKinds]uint64
+		for i := range r.n() {
+			if shardOfHash(r.hashes[i], n) == si {
+				c[r.res[i].Status]++
+			}
+		}
+		for st, k := range c {
+			if k > 0 {
+				s.counts.outcomes[OpLookup][st].Add(k)
+			}
+		}
+	}
+	return true
+}
+
+// answeredInCall, when set (by tests), is called with each lookup that
+// answered in the caller's call (answered), before it is published.
+var answeredInCall func(r *request)
 
 func (t *Tier) validate(op Op, keys [][]byte, bufs [][]byte) error {
 	if len(keys) > t.opts.BatchMax {
