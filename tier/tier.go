@@ -723,8 +723,10 @@ func (t *Tier) answered(r *request, mask uint64, now time.Time) bool {
 			}
 			e, hit := s.cache[h]
 			ok = hit && bytes.Equal(e.key[:e.keyLen], r.key(i)) && age-time.Duration(e.at) < ttl
-			r.res[i].Status = StatusFound
-			if !e.found {
+			switch {
+			case ok && e.found:
+				r.res[i].Status = StatusFound
+			case ok:
 				r.res[i].Status = StatusMissing
 				first = min(first, i)
 			}
