@@ -181,10 +181,10 @@ func (r *request) hash(seed maphash.Seed, i int) uint64 {
 // Where the owners hash a request's keys and more than one owner takes it,
 // each hashChunk keys of it are hashed once, by the first owner that
 // claims them, and the others read those hashes: each owner hashing every
-// key made cached lookups on two rings (BenchmarkLookupCached, 6
-// interleaved rounds) 0.95x the keys a second (16.9 M against 17.8 M at
-// the median) and tierbench's (512 blocks, every key present, --cache-ttl
-// 1s) 1.2x the CPU a key.
+// key cost cached lookups on two rings 1.2x the CPU a key (tierbench
+// lookup, 512 blocks, every key present, --cache-ttl 1s, 6 runs each
+// way); their keys a second moved within this VM's drift
+// (BenchmarkLookupCached, docs/performance.md, sixth sitting).
 const (
 	hashChunk = 64
 
