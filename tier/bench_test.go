@@ -464,16 +464,20 @@ func BenchmarkDelete(b *testing.B) {
 // BenchmarkLookupCached asks the same 1,024 keys (half present) again and
 // again, as a scheduler asks about a waiting request's prefix every step:
 // the lookup cache answers (LookupCacheTTL, a minute here).
+// bothEngines names each engine, as the sub-benchmarks that compare the
+// two with their defaults do.
+var bothEngines = []struct {
+	name string
+	kind EngineKind
+}{{"engine=uring", EngineURing}, {"engine=sync", EngineSync}}
+
 func BenchmarkLookupCached(b *testing.B) {
 	dir := lookupFixture(b)
 	keys := make([][]byte, lookupBatch)
 	for i := range keys {
 		keys[i] = testKey(i)
 	}
-	for _, e := range []struct {
-		name string
-		kind EngineKind
-	}{{"engine=uring", EngineURing}, {"engine=sync", EngineSync}} {
+	for _, e := range bothEngines {
 		b.Run(e.name, func(b *testing.B) {
 			tr := benchTier(b, dir, e.kind, func(o *Options) { o.LookupCacheTTL = time.Minute })
 			runBatches(b, tr, 1, 1, func(req uint64, _ int) error { return tr.Lookup(req, keys) })
@@ -499,10 +503,7 @@ func BenchmarkLookupCached(b *testing.B) {
 func BenchmarkLookupCachedRoundTrip(b *testing.B) {
 	dir := lookupFixture(b)
 	keys := testKeys(0, 1, 2, 3, 4, 5, 6, 7)
-	for _, e := range []struct {
-		name string
-		kind EngineKind
-	}{{"engine=uring", EngineURing}, {"engine=sync", EngineSync}} {
+	for _, e := range bothEngines {
 		b.Run(e.name, func(b *testing.B) {
 			tr := benchTier(b, dir, e.kind, func(o *Options) { o.LookupCacheTTL = time.Minute })
 			results := make([]Result, 1)
@@ -718,11 +719,7 @@ func BenchmarkCallerFloor(b *testing.B) {
 		report(b, "lookup-call", &lookups)
 		report(b, "spin", &spins)
 	})
-	engines := []struct {
-		name string
-		kind EngineKind
-	}{{"engine=uring", EngineURing}, {"engine=sync", EngineSync}}
-	for _, e := range engines {
+	for _, e := range bothEngines {
 		b.Run(e.name, func(b *testing.B) {
 			trace := callerTrace(b)
 			tr := benchTier(b, dir, e.kind, nil)
@@ -764,7 +761,7 @@ func BenchmarkCallerFloor(b *testing.B) {
 		fixed  bool // the directory holds the blocks (ioFixture)
 	}{{"store", 'S', (*Tier).Store, 4096, StatusStored, false}, {"load", 'R', (*Tier).Load, 512, StatusLoaded, true}}
 	for _, w := range works {
-		for _, e := range engines {
+		for _, e := range bothEngines {
 			b.Run("op="+w.name+"/"+e.name, func(b *testing.B) {
 				const batch, depth = 16, 4
 				trace := callerTrace(b)
@@ -813,7 +810,7 @@ func BenchmarkCallerFloor(b *testing.B) {
 			})
 		}
 	}
-	for _, e := range engines {
+	for _, e := range bothEngines {
 		b.Run("op=idle/"+e.name, func(b *testing.B) {
 			tr := benchTier(b, dir, e.kind, nil)
 			var lookups latency.Counts
