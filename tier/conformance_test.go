@@ -427,6 +427,56 @@ func TestLookupsAnsweredInCall(t *testing.T) {
 	})
 }
 
+// TestLookupsInCallWhileOwnersWrite: lookups answered in the call while
+// the owners write their caches (stores, deletes and lookups of other keys
+// completing), for the race detector, and each answer right.
+func TestLookupsInCallWhileOwnersWrite(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		var inCall atomic.Int32
+		answeredInCall = func(*request) { inCall.Add(1) }
+		t.Cleanup(func() { answeredInCall = nil })
+		tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.LookupCacheTTL = time.Hour })
+		cached := []int{0, 1, 2, 3, 4, 5, 6, 7}
+		put(t, tr, 0, 2, 4, 6)
+		require.NoError(t, tr.Lookup(1, testKeys(cached...)))
+		await(t, tr, 1)
+		want := []Status{StatusFound, StatusMissing, StatusFound, StatusMissing, StatusFound, StatusMissing, StatusFound, StatusMissing}
+		req := uint64(1)
+		results := make([]Result, 8)
+		for round := range 50 {
+			// Work for the owners whose outcomes they write to their
+			// caches, in flight while the caller asks.
+			busy := make([]int, 16)
+			for i := range busy {
+				busy[i] = 1000 + round*16 + i
+			}
+			bufs := make([][]byte, len(busy))
+			for i := range bufs {
+				bufs[i] = testPayload(busy[i])
+			}
+			req++
+			store := req
+			require.NoError(t, tr.Store(store, testKeys(busy...), bufs))
+			req++
+			lookup := req
+			require.NoError(t, tr.Lookup(lookup, testKeys(slices.Concat(busy, []int{2000 + round})...)))
+			pending := map[uint64]bool{store: true, lookup: true}
+			for len(pending) > 0 {
+				req++
+				require.NoError(t, tr.Lookup(req, testKeys(cached...)))
+				pending[req] = true
+				for _, r := range results[:tr.Poll(results)] {
+					if r.Req != store && r.Req != lookup {
+						require.Equal(t, want, statuses(r), "request %d", r.Req)
+					}
+					delete(pending, r.Req)
+				}
+			}
+		}
+		assert.Positive(t, inCall.Load(), "lookups answered in the call")
+	})
+}
+
 // TestOwnersHashLargeBatches: the keys of a large batch, which the owners
 // hash (ownersHash), reach the same shard and cache entry as those of small
 // batches, which the caller hashes, both ways, lookups and loads alike.

@@ -23,6 +23,7 @@ var conformanceSuite = []suiteTest{
 	{"TestDuplicateAndSharedKeys", TestDuplicateAndSharedKeys},
 	{"TestLookupCache", TestLookupCache},
 	{"TestLookupsAnsweredInCall", TestLookupsAnsweredInCall},
+	{"TestLookupsInCallWhileOwnersWrite", TestLookupsInCallWhileOwnersWrite},
 	{"TestOwnersHashLargeBatches", TestOwnersHashLargeBatches},
 	{"TestLoad", TestLoad},
 	{"TestLoadCorrupt", TestLoadCorrupt},
