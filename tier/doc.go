@@ -50,7 +50,10 @@
 // and none shared across a store or delete of the key: a lookup submitted
 // after its Result starts its own), the
 // lookup cache, deadlines and the circuit breaker. So their semantics are
-// the same by construction. An engine that fails (a ring the kernel stops
+// the same by construction. A lookup of fewer than 128 keys that the
+// shards' caches answer whole is answered by the caller's own call, which
+// reads those caches under the mutex their owners write them under, and
+// wakes no owner (Options.LookupCacheTTL). An engine that fails (a ring the kernel stops
 // accepting) fails the tier with ErrBroken, never the process.
 //
 // # Deadlines and hung filesystems
