@@ -6,7 +6,8 @@ one first each round), it runs:
   lookups  tier's BenchmarkLookup, BenchmarkLookupCold and BenchmarkLookupCached (--benchtime):
            warm lookups of a ring per CPU (lookup op openpath) ÷ the best pool (2 or 16 goroutines
            calling fstatat or faccessat) and ÷ one goroutine calling fstatat; cold ones ÷ the best
-           pool (16 or 64 goroutines); keys a second answered from the lookup cache
+           pool (16 or 64 goroutines); keys a second answered from the lookup cache, and the time
+           from submit to result of 8 keys it holds (BenchmarkLookupCachedRoundTrip)
   loads    BenchmarkLoad/size=*/io=buffered: page-cache loads, a ring per CPU ÷ the sync engine
   fuse     linux_test's TestSlowFilesystem (1 ms an operation): the io_uring engine ÷ one thread
            and ÷ a pool of 64
@@ -56,6 +57,7 @@ AIMS = [
     ("cold_pool", "cold lookups ÷ best pool", "×", lambda v: v >= 1),
     ("cached", "cached lookups, M keys/s", "", lambda v: v >= 10),
     ("cached_sync", "  the same ÷ sync", "×", None),
+    ("cached_rt", "  8 cached keys, submit to result, µs", "", None),
     ("fuse_loop", "FUSE 1 ms lookups ÷ one thread", "×", lambda v: v >= 30),
     ("fuse_pool", "FUSE 1 ms lookups ÷ pool of 64", "×", lambda v: v >= 1),
     ("load_64KiB", "page-cache loads 64 KiB ÷ sync", "×", lambda v: v >= 1),
@@ -118,7 +120,7 @@ def lookups(b, a):
     uring = warm("uring-openpath/rings=cpus")
     cold = lambda e: rows[f"BenchmarkLookupCold/engine={e}"]["ns/op"]
     cold_pools = [n for n in rows if re.fullmatch(r"BenchmarkLookupCold/engine=fstatat-pool\d+", n)]
-    return {
+    out = {
         "warm_pool": uring / max(rows[n]["keys/s"] for n in pools),
         "warm_loop": uring / warm("fstatat-loop"),
         "cold_pool": min(rows[n]["ns/op"] for n in cold_pools) / cold("uring-openpath"),
@@ -126,6 +128,10 @@ def lookups(b, a):
         "cached_sync": rows["BenchmarkLookupCached/engine=uring"]["keys/s"]
         / rows["BenchmarkLookupCached/engine=sync"]["keys/s"],
     }
+    rt = rows.get("BenchmarkLookupCachedRoundTrip/engine=uring")
+    if rt:  # not in builds before cf09025
+        out["cached_rt"] = rt["ns/op"] / 1e3
+    return out
 
 
 def loads(b, a):
