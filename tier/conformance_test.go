@@ -364,8 +364,14 @@ func TestLookupsAnsweredInCall(t *testing.T) {
 		// A load that finds a block gone behind the tier's back: a lookup
 		// after its Result says missing, also where the load ran on
 		// another shard than the key's, whose news waits for the key's
-		// owner to take it in.
-		idx := []int{10, 11, 12, 13, 14, 15, 16, 17}
+		// owner to take it in. Loads go to the shards in turn and keys by
+		// a hash seeded at Open: with two shards each key's load runs
+		// elsewhere with odds of one half, and for none of 24 keys to do
+		// so has odds of 2^-24.
+		idx := make([]int, 24)
+		for k := range idx {
+			idx[k] = 10 + k
+		}
 		put(t, tr, idx...)
 		got, _ = ask(false, idx...)
 		require.Equal(t, slices.Repeat([]Status{StatusFound}, len(idx)), got)
