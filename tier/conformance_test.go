@@ -293,6 +293,15 @@ func TestLookupCache(t *testing.T) {
 	})
 }
 
+// countAnsweredInCall counts the lookups answered in the caller's call
+// until the test ends.
+func countAnsweredInCall(t *testing.T) *atomic.Int32 {
+	var n atomic.Int32
+	answeredInCall = func(*request) { n.Add(1) }
+	t.Cleanup(func() { answeredInCall = nil })
+	return &n
+}
+
 // TestLookupsAnsweredInCall: a small lookup whose every key the cache
 // holds, fresh, is answered in the caller's call, its Result ready for the
 // next Poll, with what an owner would have answered; the tier's own
@@ -300,9 +309,7 @@ func TestLookupCache(t *testing.T) {
 // passed, a large batch or one key not there leave it to the owners.
 func TestLookupsAnsweredInCall(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, kind EngineKind) {
-		var inCall atomic.Int32
-		answeredInCall = func(*request) { inCall.Add(1) }
-		t.Cleanup(func() { answeredInCall = nil })
+		inCall := countAnsweredInCall(t)
 		tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.LookupCacheTTL = time.Hour })
 		req := uint64(0)
 		// ask looks idx up and says what came back and whether the
@@ -438,9 +445,7 @@ func TestLookupsAnsweredInCall(t *testing.T) {
 // completing), for the race detector, and each answer right.
 func TestLookupsInCallWhileOwnersWrite(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, kind EngineKind) {
-		var inCall atomic.Int32
-		answeredInCall = func(*request) { inCall.Add(1) }
-		t.Cleanup(func() { answeredInCall = nil })
+		inCall := countAnsweredInCall(t)
 		tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.LookupCacheTTL = time.Hour })
 		cached := []int{0, 1, 2, 3, 4, 5, 6, 7}
 		put(t, tr, 0, 2, 4, 6)

@@ -563,11 +563,12 @@ func (s *shard) hashChunks(r *request) {
 	n := len(r.chunks)
 	first := s.idx * n / len(s.t.shards)
 	for k := range n {
-		c := &r.chunks[(first+k)%n]
+		ci := (first + k) % n
+		c := &r.chunks[ci]
 		if c.Load() != chunkFree || !c.CompareAndSwap(chunkFree, chunkClaimed) {
 			continue
 		}
-		lo := (first + k) % n * hashChunk
+		lo := ci * hashChunk
 		for i := lo; i < min(lo+hashChunk, r.n()); i++ {
 			r.ownHashes[i] = maphash.Bytes(s.t.seed, r.key(i))
 		}
@@ -667,14 +668,14 @@ func (s *shard) startKey(r *request, i int, h uint64, now time.Time) bool {
 	key := r.key(i)
 	ttl := s.t.opts.LookupCacheTTL
 	if ttl > 0 && (r.op == OpLookup || r.op == OpStore) {
-		if e, ok := s.cache[h]; ok && bytes.Equal(e.key[:e.keyLen], key) && now.Sub(s.epoch)-time.Duration(e.at) < ttl {
+		if found, ok := s.cached(h, key, now.Sub(s.epoch)); ok {
 			st := StatusPending
 			switch {
-			case r.op == OpLookup && e.found:
+			case r.op == OpLookup && found:
 				st = StatusFound
 			case r.op == OpLookup:
 				st = StatusMissing
-			case e.found:
+			case found:
 				st = StatusPresent // a store of a block known to be there writes nothing
 			}
 			if st != StatusPending {
@@ -995,6 +996,14 @@ func (s *shard) remember(o *op, now time.Time) {
 		home.learnedN.Add(1)
 	}
 	home.mu.Unlock()
+}
+
+// cached says whether the lookup cache holds key, of hash h, younger than
+// the TTL at age (since the shard's epoch), and if so whether the block was
+// found. Inlined: it answers every key of a cached batch.
+func (s *shard) cached(h uint64, key []byte, age time.Duration) (found, ok bool) {
+	e, ok := s.cache[h]
+	return e.found, ok && string(e.key[:e.keyLen]) == string(key) && age-time.Duration(e.at) < s.t.opts.LookupCacheTTL
 }
 
 // cacheStore puts e, the entry of the key with hash h, in the lookup

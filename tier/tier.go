@@ -1,7 +1,6 @@
 package tier
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"hash/maphash"
@@ -721,10 +720,10 @@ func (t *Tier) answered(r *request, mask uint64, now time.Time) bool {
 			if shardOfHash(h, n) != si {
 				continue
 			}
-			e, hit := s.cache[h]
-			ok = hit && bytes.Equal(e.key[:e.keyLen], r.key(i)) && age-time.Duration(e.at) < ttl
+			var found bool
+			found, ok = s.cached(h, r.key(i), age)
 			switch {
-			case ok && e.found:
+			case ok && found:
 				r.res[i].Status = StatusFound
 			case ok:
 				r.res[i].Status = StatusMissing
