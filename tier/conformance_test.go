@@ -447,11 +447,21 @@ func TestLookupsInCallWhileOwnersWrite(t *testing.T) {
 	forEachEngine(t, func(t *testing.T, kind EngineKind) {
 		inCall := countAnsweredInCall(t)
 		tr := openTier(t, kind, t.TempDir(), func(o *Options) { o.LookupCacheTTL = time.Hour })
-		cached := []int{0, 1, 2, 3, 4, 5, 6, 7}
-		put(t, tr, 0, 2, 4, 6)
-		require.NoError(t, tr.Lookup(1, testKeys(cached...)))
+		// Small batches of the cached keys, answered in the call, and
+		// large ones, which one owner answers from every cache (io_uring:
+		// shard.dispatchLeads).
+		var all []int
+		var want []Status
+		for i := range ownersHashKeys {
+			all, want = append(all, i), append(want, StatusMissing)
+			if i%2 == 0 {
+				put(t, tr, i)
+				want[i] = StatusFound
+			}
+		}
+		require.NoError(t, tr.Lookup(1, testKeys(all...)))
 		await(t, tr, 1)
-		want := []Status{StatusFound, StatusMissing, StatusFound, StatusMissing, StatusFound, StatusMissing, StatusFound, StatusMissing}
+		cached := [][][]byte{testKeys(all[:8]...), testKeys(all...)}
 		req := uint64(1)
 		results := make([]Result, 8)
 		for round := range 50 {
@@ -472,19 +482,27 @@ func TestLookupsInCallWhileOwnersWrite(t *testing.T) {
 			lookup := req
 			require.NoError(t, tr.Lookup(lookup, testKeys(slices.Concat(busy, []int{2000 + round})...)))
 			pending := map[uint64]bool{store: true, lookup: true}
+			large := uint64(0) // one large lookup in flight at a time
 			for len(pending) > 0 {
 				req++
-				require.NoError(t, tr.Lookup(req, testKeys(cached...)))
+				keys := cached[0]
+				if !pending[large] {
+					keys, large = cached[1], req
+				}
+				require.NoError(t, tr.Lookup(req, keys))
 				pending[req] = true
 				for _, r := range results[:tr.Poll(results)] {
 					if r.Req != store && r.Req != lookup {
-						require.Equal(t, want, statuses(r), "request %d", r.Req)
+						require.Equal(t, want[:len(r.Keys)], statuses(r), "request %d", r.Req)
 					}
 					delete(pending, r.Req)
 				}
 			}
 		}
 		assert.Positive(t, inCall.Load(), "lookups answered in the call")
+		if len(tr.shards) > 1 {
+			assert.Greater(t, tr.leads.Load(), uint32(1), "large lookups led")
+		}
 	})
 }
 

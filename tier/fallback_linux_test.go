@@ -87,6 +87,8 @@ var notInConformanceSuite = map[string]string{
 	"TestEngineEnvOverridesAuto":                 "it asks for io_uring through URINGTIER_ENGINE=uring, which must fail without it; linux_test.TestNoIOURing checks that failure",
 	"TestConformanceWithoutIOURing":              "it is the test that runs the suite in the child",
 	"TestConformanceSuiteComplete":               "it checks the list, not the tier",
+	"TestLargeLookupsLed":                        "the sync engine has one owner, which leads no lookup",
+	"TestLeadsAtClose":                           "the sync engine has one owner, which leads no lookup",
 	"TestGatherWindow":                           "it checks the io_uring engine's owners' arithmetic",
 	"TestIntakeYields":                           "it checks when the io_uring engine's owners yield",
 	"TestOwnersYieldToWaiters":                   "it counts the io_uring engine's owners' yields of their P",

@@ -107,15 +107,26 @@ func (s *shard) flushHits(r *request) {
 	if h.n == 0 {
 		return
 	}
-	s.t.stats.cacheHits.Add(uint64(h.n))
-	for st, n := range h.status {
-		if n > 0 {
-			s.counts.outcomes[r.op][st].Add(n)
-		}
-	}
+	s.countCached(r.op, h.status)
 	n := h.n
 	*h = cacheHits{}
 	s.t.settleN(r, n)
+}
+
+// countCached counts the outcomes of keys of s answered from its lookup
+// cache, c[st] of each status st, with an atomic operation per status, not
+// per key; a skipped key was no answer of the cache's.
+func (s *shard) countCached(op Op, c [statusKinds]uint64) {
+	hits := uint64(0)
+	for st, k := range c {
+		if k > 0 {
+			s.counts.outcomes[op][st].Add(k)
+			if Status(st) != StatusSkipped {
+				hits += k
+			}
+		}
+	}
+	s.t.stats.cacheHits.Add(hits)
 }
 
 // shard is one owner goroutine with its backend: the ops of the keys whose
@@ -162,6 +173,7 @@ type shard struct {
 	done        []int32
 	spare       []canceled
 	hits        cacheHits        // keys of the request being started answered from the cache
+	leads       []*request       // large lookups taken in that this shard leads, not yet dispatched
 	touched     map[uint64]int64 // key hash -> when this shard last reported the block used (recency.go)
 
 	counts *keyCounters // this owner's per-key counters, for Stats
@@ -317,6 +329,7 @@ func (s *shard) loop() {
 			// runtime's sysmon take this P back (uring.Options.RawSubmit).
 			unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 		}
+		s.dispatchLeads(now)
 		s.startKeys(now)
 		next := s.expire(now)
 		// Counted here, not at intake: what is left now waits for op
@@ -437,7 +450,12 @@ func (s *shard) intake() (abandon, yield bool) {
 		case OpStore:
 			stores += r.n()
 		case OpLookup:
-			lookups += r.n()
+			if r.lead == s.idx {
+				s.leads = append(s.leads, r)
+			}
+			if r.lead < 0 || r.lead == s.idx { // not one another owner handed on
+				lookups += r.n()
+			}
 		}
 	}
 	yield = yield || lookups >= yieldLookups || stores >= yieldStores
@@ -575,6 +593,87 @@ func (s *shard) hashChunks(r *request) {
 		c.Store(chunkHashed)
 	}
 }
+
+// dispatchLeads answers the keys of each large lookup this shard leads
+// (request.lead) from each shard's cache that holds all of that shard's,
+// first of all (fromCache), and hands the lookup on to the other shards
+// with keys of it; the rest of its own keys startPass starts. With
+// the lookup cache on, a large batch goes to one owner, which hashes it
+// whole: a scheduler asks about the same long prefixes at every step, and
+// where the cache answers such a batch, waking every owner to walk it cost
+// the io_uring engine 0.7x the sync engine's keys a second, whose one
+// owner answers it (tierbench lookup --cache-ttl 1s --hit-ratio 1). A
+// batch the caches do not answer reaches its other owners a hash of its
+// keys later.
+func (s *shard) dispatchLeads(now time.Time) {
+	if len(s.leads) > 0 && leadDispatching != nil {
+		leadDispatching(s)
+	}
+	n := len(s.t.shards)
+	for _, r := range s.leads {
+		s.hashChunks(r)
+		first := int(r.firstMiss.Load())
+		for k := range n {
+			// Its own keys first: a prefix lookup's miss among them
+			// spares the other caches the keys after it.
+			o := s.t.shards[(s.idx+k)%n]
+			c, f, ok := o.fromCache(r, first, now)
+			switch {
+			case !ok && o != s:
+				s.handOn(r, o)
+				continue
+			case !ok:
+				continue // startPass starts them
+			case o == s:
+				r.cursor[s.idx] = int32(r.n()) // startPass lets go of r at once
+			}
+			first = f
+			o.countCached(OpLookup, c)
+			if first < r.n() {
+				s.t.noteMiss(r, first, StatusMissing)
+			}
+			var k uint64
+			for _, v := range c {
+				k += v
+			}
+			s.t.settleN(r, int32(k)) // never the last: s holds r
+		}
+	}
+	clear(s.leads)
+	s.leads = s.leads[:0]
+}
+
+// handOn gives lookup r, which s leads, to shard o, or if o is stopping
+// (Close), ends o's keys of r canceled, as o would have.
+func (s *shard) handOn(r *request, o *shard) {
+	if handedOn != nil {
+		handedOn(r, o)
+	}
+	r.remaining.Add(1) // o's reference
+	o.mu.Lock()
+	if !o.stopping {
+		o.inbox = append(o.inbox, r)
+		o.be.wake() // under mu: once o stops, its backend may close (closeBackend)
+		o.mu.Unlock()
+		return
+	}
+	o.mu.Unlock()
+	r.remaining.Add(-1) // never the last: s holds r
+	n := len(s.t.shards)
+	for i := range r.n() {
+		if shardOfHash(r.hash(s.t.seed, i), n) == o.idx {
+			s.setKey(r, i, StatusCanceled, ErrCanceled)
+		}
+	}
+}
+
+// leadDispatching and handedOn, when set (by tests), are called on the
+// owner's goroutine as it dispatches the lookups it leads and as it hands
+// one on to shard o.
+var (
+	leadDispatching func(s *shard)
+	handedOn        func(r *request, o *shard)
+)
 
 // storesMax is how many stores a shard has in flight at most: reads go to
 // the filesystem first, and a burst of stores must not fill the device's
@@ -1006,6 +1105,50 @@ func (s *shard) cached(h uint64, key []byte, age time.Duration) (found, ok bool)
 	return e.found, ok && string(e.key[:e.keyLen]) == string(key) && age-time.Duration(e.at) < s.t.opts.LookupCacheTTL
 }
 
+// fromCache answers the keys of lookup r that fall to s from its lookup
+// cache, under cacheMu, if every one is there, fresh, in the cache's
+// current epoch, with no load's news on its way to it (learnedN): each
+// found or missing, or, in a prefix lookup, skipped after first (the
+// lowest index known missing), whether the cache holds it or not. It
+// returns how many keys it answered with each status and first lowered to
+// what the cache said missing; or, if a key is not there, false, with r's
+// results of s's keys left zero.
+func (s *shard) fromCache(r *request, first int, now time.Time) (c [statusKinds]uint64, _ int, ok bool) {
+	seed, n := s.t.seed, len(s.t.shards)
+	s.cacheMu.Lock()
+	defer s.cacheMu.Unlock()
+	if s.cacheEpoch != s.t.cacheEpoch.Load() || s.learnedN.Load() > 0 {
+		return c, first, false
+	}
+	age := now.Sub(s.epoch)
+	for i := range r.n() {
+		h := r.hash(seed, i)
+		if shardOfHash(h, n) != s.idx {
+			continue
+		}
+		st := StatusSkipped
+		if !r.prefixOnly || i <= first {
+			found, ok := s.cached(h, r.key(i), age)
+			switch {
+			case !ok:
+				for j := range i {
+					if shardOfHash(r.hash(seed, j), n) == s.idx {
+						r.res[j] = KeyResult{}
+					}
+				}
+				return [statusKinds]uint64{}, first, false
+			case found:
+				st = StatusFound
+			default:
+				st, first = StatusMissing, min(first, i)
+			}
+		}
+		r.res[i].Status = st
+		c[st]++
+	}
+	return c, first, true
+}
+
 // cacheStore puts e, the entry of the key with hash h, in the lookup
 // cache, emptying a full one first. Under cacheMu.
 func (s *shard) cacheStore(h uint64, e cacheEntry) {
@@ -1017,6 +1160,7 @@ func (s *shard) cacheStore(h uint64, e cacheEntry) {
 
 // abandonAll ends every key still in flight at Close's deadline.
 func (s *shard) abandonAll() {
+	s.dispatchLeads(time.Now()) // the other shards, stopping, cancel nothing of them
 	for _, r := range s.work {
 		for i := int(r.cursor[s.idx]); i < r.n(); i++ {
 			if _, mine := s.mine(r, i); mine {

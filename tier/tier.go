@@ -55,6 +55,7 @@ type Tier struct {
 	cap        capacity              // atomic; see capacity.go
 	cacheEpoch atomic.Uint64         // bumped to empty every shard's lookup cache
 	spread     atomic.Uint64         // runs of loads dealt so far: where dealLoad starts looking, so that ties go round
+	leads      atomic.Uint32         // large lookups led so far (request.lead): their leads go round the shards
 	draining   atomic.Int32          // Close, and owners still waiting for the kernel after it: the last frees the buffers
 	poolStores atomic.Int32          // stores on the io_uring engine's store pools, all rings' (ringWriteMin)
 	broken     atomic.Pointer[error] // set once when an engine fails (ErrBroken): submits return it
@@ -139,6 +140,7 @@ type request struct {
 	bufs       [][]byte        // caller buffers for loads and stores
 	res        []KeyResult
 	cursor     []int32 // per shard: next key index that shard has not looked at
+	lead       int     // a large lookup with the cache on: the shard given it first (shard.dispatchLeads), else -1
 	deadline   time.Time
 	submitted  time.Time    // when the submit call began: request latency and queue wait start here
 	remaining  atomic.Int32 // keys without an outcome + shards holding the request
@@ -681,8 +683,13 @@ func (t *Tier) submitTo(id uint64, op Op, prefixOnly bool, keys [][]byte, bufs [
 	// Each shard with keys of r holds a reference, counted in remaining
 	// like a key, until it has let go of r: so r is published, and its
 	// slot reused, only once no shard can still be looking at it.
-	if op == OpLoad {
+	r.lead = -1
+	switch {
+	case op == OpLoad:
 		mask = t.dealLoad(r)
+	case op == OpLookup && len(r.chunks) > 0 && t.opts.LookupCacheTTL > 0:
+		r.lead = int(t.leads.Add(1) % uint32(n))
+		mask = 1 << r.lead
 	}
 	r.remaining.Store(int32(len(keys) + bits.OnesCount64(mask)))
 	for i, s := range t.shards {
@@ -702,48 +709,26 @@ func (t *Tier) submitTo(id uint64, op Op, prefixOnly bool, keys [][]byte, bufs [
 // same prefix at every step: such a call wakes no owner, and its Result
 // is ready for the next Poll.
 func (t *Tier) answered(r *request, mask uint64, now time.Time) bool {
-	ttl := t.opts.LookupCacheTTL
-	if ttl <= 0 || r.n() >= ownersHashKeys || len(r.hashes) != r.n() {
+	if t.opts.LookupCacheTTL <= 0 || r.n() >= ownersHashKeys || len(r.hashes) != r.n() {
 		return false
 	}
-	epoch, n := t.cacheEpoch.Load(), len(t.shards)
 	first := r.n() // the first key the cache says is missing
 	for si, s := range t.shards {
 		if mask&(1<<si) == 0 {
 			continue
 		}
-		s.cacheMu.Lock()
-		ok := s.cacheEpoch == epoch && s.learnedN.Load() == 0
-		age := now.Sub(s.epoch)
-		for i := 0; ok && i < r.n(); i++ {
-			h := r.hashes[i]
-			if shardOfHash(h, n) != si {
-				continue
-			}
-			var found bool
-			found, ok = s.cached(h, r.key(i), age)
-			switch {
-			case ok && found:
-				r.res[i].Status = StatusFound
-			case ok:
-				r.res[i].Status = StatusMissing
-				first = min(first, i)
-			}
-		}
-		s.cacheMu.Unlock()
-		if !ok {
+		var ok bool
+		if _, first, ok = s.fromCache(r, first, now); !ok {
 			clear(r.res)
 			return false
 		}
 	}
-	hits := r.n()
 	if r.prefixOnly {
 		for i := first + 1; i < r.n(); i++ {
 			r.res[i].Status = StatusSkipped
 		}
-		hits = min(first+1, r.n())
 	}
-	t.stats.cacheHits.Add(uint64(hits))
+	n := len(t.shards)
 	for si, s := range t.shards {
 		if mask&(1<<si) == 0 {
 			continue
@@ -754,11 +739,7 @@ func (t *Tier) answered(r *request, mask uint64, now time.Time) bool {
 				c[r.res[i].Status]++
 			}
 		}
-		for st, k := range c {
-			if k > 0 {
-				s.counts.outcomes[OpLookup][st].Add(k)
-			}
-		}
+		s.countCached(OpLookup, c)
 	}
 	return true
 }
