@@ -168,11 +168,16 @@ func resize[T any](s []T, n int) []T {
 func (r *request) n() int { return len(r.keyEnd) }
 
 // hash is key i's hash: the caller's, or where the owners hash, the one an
-// owner stored (hashChunks), or else worked out again.
+// owner stored (hashChunks), or else worked out again. Inlined, the
+// caller's.
 func (r *request) hash(seed maphash.Seed, i int) uint64 {
 	if i < len(r.hashes) {
 		return r.hashes[i]
 	}
+	return r.ownHash(seed, i)
+}
+
+func (r *request) ownHash(seed maphash.Seed, i int) uint64 {
 	if c := i / hashChunk; c < len(r.chunks) && r.chunks[c].Load() == chunkHashed {
 		return r.ownHashes[i]
 	}
