@@ -353,10 +353,39 @@ func TestLookupsAnsweredInCall(t *testing.T) {
 		assert.Equal(t, uint64(2), outcomes[StatusFound], "counted like an owner's answers")
 		assert.Equal(t, uint64(4), outcomes[StatusMissing])
 
-		// Prefix-only: the keys after the first miss are skipped.
+		// Prefix-only: the keys after the first miss are skipped, also
+		// ones never looked up, whatever their shards.
 		got, in = ask(true, 1, 2, 3)
 		assert.True(t, in)
 		assert.Equal(t, []Status{StatusFound, StatusMissing, StatusSkipped}, got)
+		got, in = ask(true, 1, 2, 50, 51, 52, 53, 54, 55, 56, 57)
+		assert.True(t, in, "keys after the miss never looked up")
+		assert.Equal(t, append([]Status{StatusFound, StatusMissing}, slices.Repeat([]Status{StatusSkipped}, 8)...), got)
+
+		// Caches that their owners hold: the call does not wait for
+		// them, and leaves the lookup to the owners, which read their
+		// own without the lock.
+		for _, s := range tr.shards {
+			s.cacheMu.Lock()
+		}
+		n := inCall.Load()
+		req++
+		called := make(chan error, 1)
+		go func(req uint64) { called <- tr.Lookup(req, testKeys(1, 2, 3)) }(req)
+		var err error
+		waited := false
+		select {
+		case err = <-called:
+		case <-time.After(10 * time.Second):
+			waited = true
+		}
+		for _, s := range tr.shards {
+			s.cacheMu.Unlock()
+		}
+		require.False(t, waited, "the call waits for an owner's cache")
+		require.NoError(t, err)
+		assert.Equal(t, n, inCall.Load(), "answered in the call under the owners' locks")
+		assert.Equal(t, want, statuses(await(t, tr, req)[req]))
 
 		// The tier's own store and delete are in the cache before their
 		// Results are.
@@ -489,8 +518,15 @@ func TestLookupsInCallWhileOwnersWrite(t *testing.T) {
 				if !pending[large] {
 					keys, large = cached[1], req
 				}
-				require.NoError(t, tr.Lookup(req, keys))
-				pending[req] = true
+				// A small one finds a cache's lock held now and then and
+				// goes to the owners: the depth may fill.
+				switch err := tr.Lookup(req, keys); {
+				case errors.Is(err, ErrBusy):
+					<-tr.Ready()
+				default:
+					require.NoError(t, err)
+					pending[req] = true
+				}
 				for _, r := range results[:tr.Poll(results)] {
 					if r.Req != store && r.Req != lookup {
 						require.Equal(t, want[:len(r.Keys)], statuses(r), "request %d", r.Req)

@@ -594,17 +594,18 @@ func (s *shard) hashChunks(r *request) {
 	}
 }
 
-// dispatchLeads answers the keys of each large lookup this shard leads
-// (request.lead) from each shard's cache that holds all of that shard's,
-// first of all (fromCache), and hands the lookup on to the other shards
-// with keys of it; the rest of its own keys startPass starts. With
-// the lookup cache on, a large batch goes to one owner, which hashes it
+// dispatchLeads answers each large lookup this shard leads (request.lead)
+// from the shards' caches if they hold every key (Tier.fromCaches), and
+// otherwise hands it on to the other shards, first of all, and starts its
+// own keys (startPass, where the cache answers what it holds). With the
+// lookup cache on, a large batch goes to one owner, which hashes it
 // whole: a scheduler asks about the same long prefixes at every step, and
-// where the cache answers such a batch, waking every owner to walk it cost
-// the io_uring engine 0.7x the sync engine's keys a second, whose one
-// owner answers it (tierbench lookup --cache-ttl 1s --hit-ratio 1). A
-// batch the caches do not answer reaches its other owners a hash of its
-// keys later.
+// where the caches answer such a batch, waking every owner to walk it made
+// the io_uring engine 0.83x the sync engine's keys a second, whose one
+// owner answers it, at 1.30x its CPU a key; led, 0.91x at 1.00x (tierbench
+// lookup --cache-ttl 1s --hit-ratio 1, 4 rounds; docs/performance.md,
+// seventh sitting). A batch the caches do not answer reaches its other
+// owners a hash of its keys later.
 func (s *shard) dispatchLeads(now time.Time) {
 	if len(s.leads) > 0 && leadDispatching != nil {
 		leadDispatching(s)
@@ -612,31 +613,15 @@ func (s *shard) dispatchLeads(now time.Time) {
 	n := len(s.t.shards)
 	for _, r := range s.leads {
 		s.hashChunks(r)
-		first := int(r.firstMiss.Load())
-		for k := range n {
-			// Its own keys first: a prefix lookup's miss among them
-			// spares the other caches the keys after it.
-			o := s.t.shards[(s.idx+k)%n]
-			c, f, ok := o.fromCache(r, first, now)
-			switch {
-			case !ok && o != s:
+		if s.t.fromCaches(r, 1<<n-1, now, true) {
+			r.cursor[s.idx] = int32(r.n()) // startPass lets go of r at once
+			s.t.settleN(r, int32(r.n()))   // never the last: s holds r
+			continue
+		}
+		for _, o := range s.t.shards {
+			if o != s {
 				s.handOn(r, o)
-				continue
-			case !ok:
-				continue // startPass starts them
-			case o == s:
-				r.cursor[s.idx] = int32(r.n()) // startPass lets go of r at once
 			}
-			first = f
-			o.countCached(OpLookup, c)
-			if first < r.n() {
-				s.t.noteMiss(r, first, StatusMissing)
-			}
-			var k uint64
-			for _, v := range c {
-				k += v
-			}
-			s.t.settleN(r, int32(k)) // never the last: s holds r
 		}
 	}
 	clear(s.leads)
@@ -1103,50 +1088,6 @@ func (s *shard) remember(o *op, now time.Time) {
 func (s *shard) cached(h uint64, key []byte, age time.Duration) (found, ok bool) {
 	e, ok := s.cache[h]
 	return e.found, ok && string(e.key[:e.keyLen]) == string(key) && age-time.Duration(e.at) < s.t.opts.LookupCacheTTL
-}
-
-// fromCache answers the keys of lookup r that fall to s from its lookup
-// cache, under cacheMu, if every one is there, fresh, in the cache's
-// current epoch, with no load's news on its way to it (learnedN): each
-// found or missing, or, in a prefix lookup, skipped after first (the
-// lowest index known missing), whether the cache holds it or not. It
-// returns how many keys it answered with each status and first lowered to
-// what the cache said missing; or, if a key is not there, false, with r's
-// results of s's keys left zero.
-func (s *shard) fromCache(r *request, first int, now time.Time) (c [statusKinds]uint64, _ int, ok bool) {
-	seed, n := s.t.seed, len(s.t.shards)
-	s.cacheMu.Lock()
-	defer s.cacheMu.Unlock()
-	if s.cacheEpoch != s.t.cacheEpoch.Load() || s.learnedN.Load() > 0 {
-		return c, first, false
-	}
-	age := now.Sub(s.epoch)
-	for i := range r.n() {
-		h := r.hash(seed, i)
-		if shardOfHash(h, n) != s.idx {
-			continue
-		}
-		st := StatusSkipped
-		if !r.prefixOnly || i <= first {
-			found, ok := s.cached(h, r.key(i), age)
-			switch {
-			case !ok:
-				for j := range i {
-					if shardOfHash(r.hash(seed, j), n) == s.idx {
-						r.res[j] = KeyResult{}
-					}
-				}
-				return [statusKinds]uint64{}, first, false
-			case found:
-				st = StatusFound
-			default:
-				st, first = StatusMissing, min(first, i)
-			}
-		}
-		r.res[i].Status = st
-		c[st]++
-	}
-	return c, first, true
 }
 
 // cacheStore puts e, the entry of the key with hash h, in the lookup

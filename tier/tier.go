@@ -705,46 +705,83 @@ func (t *Tier) submitTo(id uint64, op Op, prefixOnly bool, keys [][]byte, bufs [
 	return r, nil
 }
 
-// answered answers every key of lookup r, on the shards in mask, from
-// their lookup caches in the caller's call, if the caller hashed the keys
-// (a batch under ownersHashKeys) and every one is there, fresh, in the
-// cache's current epoch, with no news from a load on its way to that
-// cache (shard.learnedN); otherwise it leaves r's results as they were
-// and reports false, and the owners answer r. A scheduler asks about the
-// same prefix at every step: such a call wakes no owner, and its Result
-// is ready for the next Poll.
+// answered answers lookup r in the caller's call from the lookup caches
+// (fromCaches) if the caller hashed its keys (a batch under
+// ownersHashKeys); otherwise, or if the caches do not hold every key, it
+// reports false and the owners answer r. A scheduler asks about the same
+// prefix at every step: such a call wakes no owner, and its Result is
+// ready for the next Poll.
 func (t *Tier) answered(r *request, mask uint64, now time.Time) bool {
-	if t.opts.LookupCacheTTL <= 0 || r.n() >= ownersHashKeys || len(r.hashes) != r.n() {
+	return t.opts.LookupCacheTTL > 0 && r.n() < ownersHashKeys && len(r.hashes) == r.n() && t.fromCaches(r, mask, now, false)
+}
+
+// fromCaches answers every key of lookup r, on the shards in mask, from
+// their lookup caches if they hold every one, fresh, in each cache's
+// current epoch, with no news from a load on its way to that cache
+// (shard.learnedN); in a prefix lookup the keys after one the cache says
+// is missing are skipped, held or not. Otherwise it leaves r's results as
+// they were and reports false. It reads each cache under its cacheMu,
+// taking them all in the shards' order (an owner takes only its own); if
+// one is held and wait is false (the caller's call, which must not wait
+// for an owner), it reports false at once. It counts the outcomes as the
+// owners would.
+func (t *Tier) fromCaches(r *request, mask uint64, now time.Time, wait bool) bool {
+	n, epoch := len(t.shards), t.cacheEpoch.Load()
+	ok, locked := true, uint64(0)
+	var ages [ringsBound]time.Duration
+	for si, s := range t.shards {
+		if mask&(1<<si) == 0 {
+			continue
+		}
+		if wait {
+			s.cacheMu.Lock()
+		} else if !s.cacheMu.TryLock() {
+			ok = false
+			break
+		}
+		locked |= 1 << si
+		ok = ok && s.cacheEpoch == epoch && s.learnedN.Load() == 0
+		ages[si] = now.Sub(s.epoch)
+	}
+	// Found, missing and skipped keys by shard, counted as they are answered.
+	var c [ringsBound][3]uint32
+	missed := false // a prefix lookup's key after a miss: skipped
+	for i := 0; ok && i < r.n(); i++ {
+		h := r.hash(t.seed, i)
+		si := shardOfHash(h, n)
+		if missed {
+			r.res[i].Status = StatusSkipped
+			c[si][2]++
+			continue
+		}
+		found, cached := t.shards[si].cached(h, r.key(i), ages[si])
+		switch {
+		case !cached:
+			ok = false
+		case found:
+			r.res[i].Status = StatusFound
+			c[si][0]++
+		default:
+			r.res[i].Status = StatusMissing
+			c[si][1]++
+			missed = r.prefixOnly
+		}
+	}
+	for si, s := range t.shards {
+		if locked&(1<<si) != 0 {
+			s.cacheMu.Unlock()
+		}
+	}
+	if !ok {
+		clear(r.res)
 		return false
 	}
-	first := r.n() // the first key the cache says is missing
 	for si, s := range t.shards {
-		if mask&(1<<si) == 0 {
-			continue
+		if mask&(1<<si) != 0 {
+			var k [statusKinds]uint64
+			k[StatusFound], k[StatusMissing], k[StatusSkipped] = uint64(c[si][0]), uint64(c[si][1]), uint64(c[si][2])
+			s.countCached(OpLookup, k)
 		}
-		var ok bool
-		if _, first, ok = s.fromCache(r, first, now); !ok {
-			clear(r.res)
-			return false
-		}
-	}
-	if r.prefixOnly {
-		for i := first + 1; i < r.n(); i++ {
-			r.res[i].Status = StatusSkipped
-		}
-	}
-	n := len(t.shards)
-	for si, s := range t.shards {
-		if mask&(1<<si) == 0 {
-			continue
-		}
-		var c [statusKinds]uint64
-		for i := range r.n() {
-			if shardOfHash(r.hashes[i], n) == si {
-				c[r.res[i].Status]++
-			}
-		}
-		s.countCached(OpLookup, c)
 	}
 	return true
 }
