@@ -54,10 +54,9 @@
 // shards' caches answer whole is answered by the caller's own call, which
 // reads those caches under the mutex their owners write them under, and
 // wakes no owner (Options.LookupCacheTTL); a larger one goes to one owner,
-// which answers each shard's keys from that shard's cache where it holds
-// them all and hands the lookup on to the other owners only where it does
-// not. In a prefix lookup, keys after one the cache says missing need not
-// be cached. An engine that fails (a ring the kernel stops
+// which answers it from the shards' caches if they hold every key, and
+// otherwise hands it on to the other owners. In a prefix lookup, keys after
+// one the cache says missing need not be cached. An engine that fails (a ring the kernel stops
 // accepting) fails the tier with ErrBroken, never the process.
 //
 // # Deadlines and hung filesystems

@@ -172,7 +172,7 @@ type Options struct {
 	// call itself, its Result ready for the next Poll, without waking an
 	// owner (a round trip of 8 keys in 0.4 us,
 	// BenchmarkLookupCachedRoundTrip); a larger one goes to one owner,
-	// which wakes the others only for keys their caches lack. Staleness is bounded by the TTL
+	// which wakes the others only if the caches lack a key. Staleness is bounded by the TTL
 	// and is safe: a block found in memory but gone from disk (evicted by
 	// another process) loads as StatusMissing, and the cache learns it;
 	// a block another process stored since is reported missing for at

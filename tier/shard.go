@@ -602,8 +602,8 @@ func (s *shard) hashChunks(r *request) {
 // whole: a scheduler asks about the same long prefixes at every step, and
 // where the caches answer such a batch, waking every owner to walk it made
 // the io_uring engine 0.83x the sync engine's keys a second, whose one
-// owner answers it, at 1.30x its CPU a key; led, 0.91x at 1.00x (tierbench
-// lookup --cache-ttl 1s --hit-ratio 1, 4 rounds; docs/performance.md,
+// owner answers it, at 1.26x its CPU a key; led, 1.11x at 0.90x (tierbench
+// lookup --cache-ttl 1s --hit-ratio 1, 3 rounds; docs/performance.md,
 // seventh sitting). A batch the caches do not answer reaches its other
 // owners a hash of its keys later.
 func (s *shard) dispatchLeads(now time.Time) {
