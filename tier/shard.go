@@ -1101,7 +1101,7 @@ func (s *shard) cacheStore(h uint64, e cacheEntry) {
 
 // abandonAll ends every key still in flight at Close's deadline.
 func (s *shard) abandonAll() {
-	s.dispatchLeads(time.Now()) // the other shards, stopping, cancel nothing of them
+	s.dispatchLeads(time.Now()) // the others are stopping: handOn cancels their keys of the lookups s leads
 	for _, r := range s.work {
 		for i := int(r.cursor[s.idx]); i < r.n(); i++ {
 			if _, mine := s.mine(r, i); mine {
