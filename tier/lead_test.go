@@ -24,10 +24,10 @@ func leadTier(t *testing.T) (tr *Tier, shardOf func(i int) int, lead func(l int)
 }
 
 // TestLargeLookupsLed: with the lookup cache on, a large lookup goes to one
-// owner, its lead, which answers it from the shards' caches where they
-// hold every key and hands it on to the other owners where they do not:
-// the statuses the owners would give, each counted once, and no other
-// owner woken for a lookup the caches answer.
+// owner, its lead, which answers it from the shards' caches if they hold
+// every key and otherwise hands it on to the other owners: the statuses
+// the owners would give, each counted once, and no other owner woken for
+// a lookup the caches answer.
 func TestLargeLookupsLed(t *testing.T) {
 	var handed atomic.Int32
 	handedOn = func(*request, *shard) { handed.Add(1) }
