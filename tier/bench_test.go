@@ -461,9 +461,6 @@ func BenchmarkDelete(b *testing.B) {
 	}
 }
 
-// BenchmarkLookupCached asks the same 1,024 keys (half present) again and
-// again, as a scheduler asks about a waiting request's prefix every step:
-// the lookup cache answers (LookupCacheTTL, a minute here).
 // bothEngines names each engine, as the sub-benchmarks that compare the
 // two with their defaults do.
 var bothEngines = []struct {
@@ -471,6 +468,9 @@ var bothEngines = []struct {
 	kind EngineKind
 }{{"engine=uring", EngineURing}, {"engine=sync", EngineSync}}
 
+// BenchmarkLookupCached asks the same 1,024 keys (half present) again and
+// again, as a scheduler asks about a waiting request's prefix every step:
+// the lookup cache answers (LookupCacheTTL, a minute here).
 func BenchmarkLookupCached(b *testing.B) {
 	dir := lookupFixture(b)
 	keys := make([][]byte, lookupBatch)
