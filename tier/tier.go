@@ -458,6 +458,9 @@ func (s *shard) run(started chan<- startedShard) {
 // flags the kernel granted.
 func newBackend(t *Tier, s *shard) (backend, EngineInfo, error) {
 	info := t.engine
+	if testBackend != nil {
+		return testBackend(t, s), info, nil
+	}
 	if info.Kind != EngineURing {
 		b, err := newSyncBackend(t, s)
 		return b, info, err
@@ -469,6 +472,10 @@ func newBackend(t *Tier, s *shard) (backend, EngineInfo, error) {
 	info.Flags = b.ring.Flags().String()
 	return b, info, nil
 }
+
+// testBackend, when set (by benchmarks), makes every shard's backend in
+// place of the engine's.
+var testBackend func(t *Tier, s *shard) backend
 
 // logEngine logs the engine in force and why, and whether loads use
 // O_DIRECT and why not.
