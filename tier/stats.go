@@ -249,8 +249,14 @@ func (t *Tier) Stats() Stats {
 // countOutcome counts key outcome st of an op of kind o with error err:
 // the outcome, the failure class, the payload bytes moved.
 func (s *shard) countOutcome(o Op, st Status, err error) {
+	s.counts.outcomes[o][st].Add(1)
+	s.countMoved(o, st, err)
+}
+
+// countMoved is countOutcome but for the outcome itself: the failure
+// class and the payload bytes moved.
+func (s *shard) countMoved(o Op, st Status, err error) {
 	c, k := &s.t.stats, s.counts
-	k.outcomes[o][st].Add(1)
 	switch st {
 	case StatusLoaded:
 		k.bytesRead.Add(uint64(s.t.opts.BlockSize))

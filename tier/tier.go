@@ -831,8 +831,13 @@ func (s *shard) setKey(r *request, i int, st Status, err error) {
 		t.shards[r.runs[i/loadRun]].loadKeys.Add(-1)
 	}
 	r.res[i] = KeyResult{Status: st, Err: err}
-	s.countOutcome(r.op, st, err)
 	t.noteMiss(r, i, st)
+	if s.ended.on {
+		s.countMoved(r.op, st, err)
+		s.ended.add(r, st) // counted and settled at the end of finishDone
+		return
+	}
+	s.countOutcome(r.op, st, err)
 	t.settle(r)
 }
 
