@@ -117,6 +117,31 @@ func benchTier(b *testing.B, dir string, kind EngineKind, mod func(*Options)) *T
 	return tr
 }
 
+// benchLookups times lookups of keys through tr, lookupBatch keys a
+// request with two in flight, and reports them (reportKeys).
+func benchLookups(b *testing.B, tr *Tier, keys [][]byte) {
+	b.ReportAllocs()
+	var caller time.Duration
+	cpu := processCPU(b)
+	for b.Loop() {
+		caller += runBatches(b, tr, len(keys)/lookupBatch, 2, func(req uint64, _ int) error {
+			k := int(req) * lookupBatch
+			return tr.Lookup(req, keys[k:k+lookupBatch])
+		})
+	}
+	reportKeys(b, len(keys), caller, cpu)
+}
+
+// reportKeys reports a benchmark's keys a second, keys keys a loop, and a
+// key's time in the caller's calls and in the process's CPU time (cpu when
+// the timed loop began).
+func reportKeys(b *testing.B, keys int, caller, cpu time.Duration) {
+	n := float64(b.N) * float64(keys)
+	b.ReportMetric(n/b.Elapsed().Seconds(), "keys/s")
+	b.ReportMetric(float64(caller.Nanoseconds())/n, "caller-ns/key")
+	b.ReportMetric(float64((processCPU(b)-cpu).Nanoseconds())/n, "cpu-ns/key")
+}
+
 // BenchmarkLookup: 1,024-key batches, half present, warm dentry cache, two
 // batches in flight, no lookup cache; against a one-goroutine statx loop
 // and a 16-goroutine pool over the same paths.
@@ -125,14 +150,6 @@ func BenchmarkLookup(b *testing.B) {
 	keys := make([][]byte, lookupKeys)
 	for i := range keys {
 		keys[i] = testKey(i)
-	}
-	batches := lookupKeys / lookupBatch
-	// cpu is the process's CPU time when the timed loop began.
-	report := func(b *testing.B, caller, cpu time.Duration) {
-		n := float64(b.N) * lookupKeys
-		b.ReportMetric(n/b.Elapsed().Seconds(), "keys/s")
-		b.ReportMetric(float64(caller.Nanoseconds())/n, "caller-ns/key")
-		b.ReportMetric(float64((processCPU(b)-cpu).Nanoseconds())/n, "cpu-ns/key")
 	}
 	engines := []struct {
 		name string
@@ -147,19 +164,7 @@ func BenchmarkLookup(b *testing.B) {
 		{"engine=sync", EngineSync, nil},
 	}
 	for _, e := range engines {
-		b.Run(e.name, func(b *testing.B) {
-			tr := benchTier(b, dir, e.kind, e.mod)
-			b.ReportAllocs()
-			var caller time.Duration
-			cpu := processCPU(b)
-			for b.Loop() {
-				caller += runBatches(b, tr, batches, 2, func(req uint64, _ int) error {
-					k := int(req) * lookupBatch
-					return tr.Lookup(req, keys[k:k+lookupBatch])
-				})
-			}
-			report(b, caller, cpu)
-		})
+		b.Run(e.name, func(b *testing.B) { benchLookups(b, benchTier(b, dir, e.kind, e.mod), keys) })
 	}
 
 	// The plain-syscall baselines: fstatat and faccessat relative to the
@@ -183,7 +188,7 @@ func BenchmarkLookup(b *testing.B) {
 				calls[0].call(p, &st)
 			}
 		}
-		report(b, 0, cpu)
+		reportKeys(b, len(paths), 0, cpu)
 	})
 	for _, c := range calls {
 		for _, workers := range []int{2, 16} {
@@ -193,7 +198,7 @@ func BenchmarkLookup(b *testing.B) {
 				for b.Loop() {
 					pool(paths, workers, c.call)
 				}
-				report(b, 0, cpu)
+				reportKeys(b, len(paths), 0, cpu)
 			})
 		}
 	}

@@ -74,18 +74,5 @@ func BenchmarkLookupOwnCost(b *testing.B) {
 	for i := range keys {
 		keys[i] = testKey(i)
 	}
-	batches := lookupKeys / lookupBatch
-	b.ReportAllocs()
-	var caller time.Duration
-	cpu := processCPU(b)
-	for b.Loop() {
-		caller += runBatches(b, tr, batches, 2, func(req uint64, _ int) error {
-			k := int(req) * lookupBatch
-			return tr.Lookup(req, keys[k:k+lookupBatch])
-		})
-	}
-	n := float64(b.N) * lookupKeys
-	b.ReportMetric(n/b.Elapsed().Seconds(), "keys/s")
-	b.ReportMetric(float64(caller.Nanoseconds())/n, "caller-ns/key")
-	b.ReportMetric(float64((processCPU(b)-cpu).Nanoseconds())/n, "cpu-ns/key")
+	benchLookups(b, tr, keys)
 }
