@@ -9,7 +9,8 @@ import (
 // instantBackend ends every op as it starts, found, stored or deleted,
 // with no system call, handing the ends back in chunks of 32 as a ring's
 // owner reaps what completed inline: a tier on it spends only its own
-// work, what BenchmarkLookupOwnCost measures. Lookups and stores only.
+// work, what BenchmarkLookupOwnCost measures. Lookups, stores and deletes
+// only: a load would fill no buffer.
 type instantBackend struct {
 	s       *shard
 	pending []int32
@@ -65,7 +66,9 @@ func (b *instantBackend) close()               { b.s.t.ns.release(false) }
 // two in flight, no lookup cache) on a tier whose backends end every op
 // at once (instantBackend), an owner per CPU: the tier's own CPU a key,
 // without the kernel's, and so without this VM's noise in the kernel's
-// path walks. What the tier adds to a warm lookup on either engine.
+// path walks. What the tier adds to a warm lookup on either engine. The
+// engine is io_uring for its shard a CPU (its rings are never made), so
+// the machine must have io_uring.
 func BenchmarkLookupOwnCost(b *testing.B) {
 	testBackend = newInstantBackend
 	defer func() { testBackend = nil }()
