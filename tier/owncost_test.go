@@ -22,7 +22,7 @@ func newInstantBackend(t *Tier, s *shard) backend {
 	return &instantBackend{s: s, wakeC: make(chan struct{}, 1), timer: time.NewTimer(time.Hour)}
 }
 
-var instantStatus = map[Op]Status{OpLookup: StatusFound, OpStore: StatusStored, OpDelete: StatusDeleted}
+var instantStatus = [opKinds]Status{OpLookup: StatusFound, OpStore: StatusStored, OpDelete: StatusDeleted}
 
 func (b *instantBackend) start(i int32, o *op, done []int32) []int32 {
 	o.status, o.err = instantStatus[o.kind], nil

@@ -173,7 +173,7 @@ type shard struct {
 	done        []int32
 	spare       []canceled
 	hits        cacheHits        // keys of the request being started answered from the cache
-	ended       endedKeys        // keys that finishDone's ops answered, counted and settled at its end
+	ended       endedKeys        // keys that finishDone's ops answered (endKey), counted and settled at its end
 	leads       []*request       // large lookups taken in that this shard leads, not yet dispatched
 	touched     map[uint64]int64 // key hash -> when this shard last reported the block used (recency.go)
 
@@ -396,11 +396,9 @@ func (s *shard) finishDone() {
 		return
 	}
 	now := time.Now()
-	s.ended.on = true
 	for _, i := range s.done {
 		s.finish(i, now)
 	}
-	s.ended.on = false
 	s.flushEnded()
 }
 
@@ -417,7 +415,6 @@ func (s *shard) finishDone() {
 // BenchmarkLookup (O_PATH, a ring per CPU) could not tell the two apart
 // (0.99x the keys a second, 0.985x the CPU a key, 6 rounds).
 type endedKeys struct {
-	on       bool // in finishDone: setKey leaves the counting to flushEnded
 	outcomes [opKinds][statusKinds]uint64
 	runs     []endedRun
 }
@@ -1014,7 +1011,8 @@ func earliest(a, b time.Time) time.Time {
 	return a
 }
 
-// finish takes the outcome of op j to its waiters.
+// finish takes the outcome of op j to its waiters, for finishDone, which
+// counts and settles their keys (endKey).
 func (s *shard) finish(j int32, now time.Time) {
 	o := &s.ops[j]
 	took := now.Sub(o.started)
@@ -1089,7 +1087,7 @@ func (s *shard) finish(j int32, now time.Time) {
 		}
 	} else {
 		for _, w := range o.waiters {
-			s.setKey(w.r, int(w.i), o.status, o.err)
+			s.endKey(w.r, int(w.i), o.status, o.err)
 		}
 	}
 	clear(o.waiters)

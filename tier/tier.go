@@ -826,19 +826,27 @@ func (t *Tier) validate(op Op, keys [][]byte, bufs [][]byte) error {
 // setKey records key i's outcome, counted in s; the owner that records
 // the last one publishes the request.
 func (s *shard) setKey(r *request, i int, st Status, err error) {
+	s.answer(r, i, st, err)
+	s.countOutcome(r.op, st, err)
+	s.t.settle(r)
+}
+
+// endKey is setKey for a key that an op of finishDone's answered: its
+// outcome is counted, and r settled, at the end of finishDone (endedKeys).
+func (s *shard) endKey(r *request, i int, st Status, err error) {
+	s.answer(r, i, st, err)
+	s.countMoved(r.op, st, err)
+	s.ended.add(r, st)
+}
+
+// answer writes key i's outcome into r's results.
+func (s *shard) answer(r *request, i int, st Status, err error) {
 	t := s.t
 	if r.op == OpLoad {
 		t.shards[r.runs[i/loadRun]].loadKeys.Add(-1)
 	}
 	r.res[i] = KeyResult{Status: st, Err: err}
 	t.noteMiss(r, i, st)
-	if s.ended.on {
-		s.countMoved(r.op, st, err)
-		s.ended.add(r, st) // counted and settled at the end of finishDone
-		return
-	}
-	s.countOutcome(r.op, st, err)
-	t.settle(r)
 }
 
 // noteMiss records, for a prefix lookup, the first key not found.
