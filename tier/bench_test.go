@@ -13,6 +13,7 @@ import (
 
 	"github.com/uringtier/uringtier/blockstore"
 	"github.com/uringtier/uringtier/latency"
+	"github.com/uringtier/uringtier/uring"
 	"golang.org/x/sys/unix"
 )
 
@@ -179,6 +180,18 @@ func BenchmarkLookup(b *testing.B) {
 			unix.Syscall(unix.SYS_FACCESSAT, uintptr(nsFD), uintptr(unsafe.Pointer(&p[0])), unix.F_OK)
 		}},
 	}
+	// The io_uring engine's warm lookup op on bare rings, a ring per CPU,
+	// with no tier around it: what the engine could reach with no cost of
+	// its own.
+	b.Run("engine=ring-openpath/rings=cpus", func(b *testing.B) {
+		rings := startRingLookers(b, nsFD, paths, runtime.GOMAXPROCS(0))
+		b.ReportAllocs()
+		cpu := processCPU(b)
+		for b.Loop() {
+			rings.run(b)
+		}
+		reportKeys(b, len(paths), 0, cpu)
+	})
 	b.Run("engine=fstatat-loop", func(b *testing.B) {
 		var st unix.Stat_t
 		b.ReportAllocs()
@@ -237,6 +250,133 @@ func fstatat(nsFD int) func(p []byte, st *unix.Stat_t) {
 		unix.Syscall6(unix.SYS_NEWFSTATAT, uintptr(nsFD), uintptr(unsafe.Pointer(&p[0])), uintptr(unsafe.Pointer(st)), 0, 0, 0)
 	}
 }
+
+// ringLooker is one thread with a ring of its own that looks up its share
+// of paths as the io_uring engine does a warm lookup (LookupOpenPath on a
+// local filesystem): an O_PATH|O_DIRECTORY open with RESOLVE_BENEATH and
+// RESOLVE_CACHED into a fixed slot, which ends in ENOTDIR for a block that
+// is there and ENOENT for one that is not, in batches of ringBatch.
+type ringLooker struct {
+	ring  *uring.Ring
+	paths [][]byte
+	found int
+	err   error
+}
+
+type ringLookers struct {
+	workers []*ringLooker
+	start   []chan struct{}
+	done    sync.WaitGroup
+	present int // keys present: every other one
+}
+
+const ringBatch = 256
+
+// startRingLookers starts n ring threads over the paths split in n,
+// stopped at b's cleanup.
+func startRingLookers(b *testing.B, nsFD int, paths [][]byte, n int) *ringLookers {
+	rl := &ringLookers{present: (len(paths) + 1) / 2}
+	how := unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY, Resolve: blockstore.ResolveBeneath | resolveCachedBench}
+	b.Cleanup(func() {
+		for _, c := range rl.start {
+			close(c)
+		}
+	})
+	ready := make(chan error)
+	for k := range n {
+		w := &ringLooker{paths: paths[k*len(paths)/n : (k+1)*len(paths)/n]}
+		start := make(chan struct{})
+		rl.workers, rl.start = append(rl.workers, w), append(rl.start, start)
+		go func() {
+			runtime.LockOSThread() // the ring's single issuer
+			var err error
+			if w.ring, err = uring.New(ringBatch, uring.Options{RawSubmit: true}); err == nil {
+				err = w.ring.RegisterFilesSparse(ringBatch)
+			}
+			ready <- err
+			if err != nil {
+				return
+			}
+			defer w.ring.Close()
+			cqes := make([]uring.CQE, ringBatch)
+			for range start {
+				w.found, w.err = 0, nil
+				for i := 0; i < len(w.paths) && w.err == nil; i += ringBatch {
+					batch := w.paths[i:min(i+ringBatch, len(w.paths))]
+					for j, p := range batch {
+						sqe := w.ring.GetSQE()
+						sqe.PrepareOpenat2Direct(nsFD, &p[0], &how, uint32(j))
+						sqe.UserData = uint64(j)
+					}
+					w.lookBatch(nsFD, batch, cqes)
+				}
+				rl.done.Done()
+			}
+		}()
+		if err := <-ready; err != nil {
+			b.Fatal(err)
+		}
+	}
+	return rl
+}
+
+// lookBatch submits the prepared opens of batch and reaps their ends. A
+// path outside the dentry cache (EAGAIN: the first pass of a short run)
+// is asked again with fstatat, as the engine asks STATX.
+func (w *ringLooker) lookBatch(nsFD int, batch [][]byte, cqes []uring.CQE) {
+	n := len(batch)
+	if _, err := w.ring.SubmitAndWait(uint32(n), -1); err != nil {
+		w.err = err
+		return
+	}
+	for got := 0; got < n; {
+		k := w.ring.Reap(cqes)
+		if k == 0 {
+			if _, err := w.ring.SubmitAndWait(1, -1); err != nil {
+				w.err = err
+				return
+			}
+		}
+		for _, c := range cqes[:k] {
+			switch unix.Errno(-c.Res) {
+			case unix.ENOTDIR:
+				w.found++
+			case unix.ENOENT:
+			case unix.EAGAIN:
+				var st unix.Stat_t
+				if unix.Fstatat(nsFD, string(batch[c.UserData][:len(batch[c.UserData])-1]), &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+					w.found++
+				}
+			default:
+				w.err = fmt.Errorf("O_PATH open: %w", unix.Errno(-c.Res))
+			}
+		}
+		got += k
+	}
+}
+
+// run looks every path up once, and fails b unless every look ended as it
+// should and found the keys that are there.
+func (rl *ringLookers) run(b *testing.B) {
+	rl.done.Add(len(rl.workers))
+	for _, c := range rl.start {
+		c <- struct{}{}
+	}
+	rl.done.Wait()
+	found := 0
+	for _, w := range rl.workers {
+		if w.err != nil {
+			b.Fatal(w.err)
+		}
+		found += w.found
+	}
+	if found != rl.present {
+		b.Fatalf("found %d keys, want %d", found, rl.present)
+	}
+}
+
+// resolveCachedBench is RESOLVE_CACHED, as blockstore's lookups ask it.
+const resolveCachedBench = 0x20
 
 // pool calls call on every path from workers goroutines.
 func pool(paths [][]byte, workers int, call func(p []byte, st *unix.Stat_t)) {

@@ -5,7 +5,8 @@ Per round, for this tree's build (and, with --old REV, a build of REV, the two i
 one first each round), it runs:
   lookups  tier's BenchmarkLookup, BenchmarkLookupCold and BenchmarkLookupCached (--benchtime):
            warm lookups of a ring per CPU (lookup op openpath) ÷ the best pool (2 or 16 goroutines
-           calling fstatat or faccessat) and ÷ one goroutine calling fstatat; cold ones ÷ the best
+           calling fstatat or faccessat) and ÷ one goroutine calling fstatat, and (no aim) ÷ the
+           same op on a bare ring per CPU with no tier around it, and that ÷ the best pool; cold ones ÷ the best
            pool (16 or 64 goroutines); keys a second answered from the lookup cache, and the time
            from submit to result of 8 keys it holds (BenchmarkLookupCachedRoundTrip)
   loads    BenchmarkLoad/size=*/io=buffered: page-cache loads, a ring per CPU ÷ the sync engine
@@ -54,6 +55,8 @@ SLOW_US = 300
 AIMS = [
     ("warm_pool", "warm lookups ÷ best pool", "×", lambda v: v >= 0.95),
     ("warm_loop", "warm lookups ÷ one thread", "×", lambda v: v >= 1.5),
+    ("warm_ring", "  warm lookups ÷ their op on bare rings", "×", None),
+    ("ring_pool", "  their op on bare rings ÷ best pool", "×", None),
     ("cold_pool", "cold lookups ÷ best pool", "×", lambda v: v >= 1),
     ("cached", "cached lookups, M keys/s", "", lambda v: v >= 10),
     ("cached_sync", "  the same ÷ sync", "×", None),
@@ -128,6 +131,10 @@ def lookups(b, a):
         "cached_sync": rows["BenchmarkLookupCached/engine=uring"]["keys/s"]
         / rows["BenchmarkLookupCached/engine=sync"]["keys/s"],
     }
+    ring = rows.get("BenchmarkLookup/engine=ring-openpath/rings=cpus")
+    if ring:  # not in builds before it was added
+        out["warm_ring"] = uring / ring["keys/s"]
+        out["ring_pool"] = ring["keys/s"] / max(rows[n]["keys/s"] for n in pools)
     rt = rows.get("BenchmarkLookupCachedRoundTrip/engine=uring")
     if rt:  # not in builds before cf09025
         out["cached_rt"] = rt["ns/op"] / 1e3
