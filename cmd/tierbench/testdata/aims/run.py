@@ -132,7 +132,7 @@ def lookups(b, a):
         / rows["BenchmarkLookupCached/engine=sync"]["keys/s"],
     }
     ring = rows.get("BenchmarkLookup/engine=ring-openpath/rings=cpus")
-    if ring:  # not in builds before it was added
+    if ring:  # not in builds before 07bfd82
         out["warm_ring"] = uring / ring["keys/s"]
         out["ring_pool"] = ring["keys/s"] / max(rows[n]["keys/s"] for n in pools)
     rt = rows.get("BenchmarkLookupCachedRoundTrip/engine=uring")
