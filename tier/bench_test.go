@@ -217,6 +217,71 @@ func BenchmarkLookup(b *testing.B) {
 	}
 }
 
+// BenchmarkLookupInterleaved times BenchmarkLookup's warm contenders in
+// turn, a pass over every key each, the order rotating from round to
+// round, so that a VM's drift from minute to minute (2x in keys a second
+// between rounds of BenchmarkLookup on a KVM VM) touches them alike. Per
+// contender it reports the keys a second and the CPU a key over its own
+// passes (NAME-keys/s, NAME-cpu-ns/key).
+func BenchmarkLookupInterleaved(b *testing.B) {
+	dir := lookupFixture(b)
+	keys := make([][]byte, lookupKeys)
+	for i := range keys {
+		keys[i] = testKey(i)
+	}
+	nsFD, paths := baselinePaths(b, dir, keys)
+	through := func(tr *Tier) func() {
+		return func() {
+			runBatches(b, tr, len(keys)/lookupBatch, 2, func(req uint64, _ int) error {
+				k := int(req) * lookupBatch
+				return tr.Lookup(req, keys[k:k+lookupBatch])
+			})
+		}
+	}
+	rings := startRingLookers(b, nsFD, paths, runtime.GOMAXPROCS(0))
+	stat := fstatat(nsFD)
+	access := func(p []byte, _ *unix.Stat_t) {
+		unix.Syscall(unix.SYS_FACCESSAT, uintptr(nsFD), uintptr(unsafe.Pointer(&p[0])), unix.F_OK)
+	}
+	type contender struct {
+		name      string
+		pass      func()
+		wall, cpu time.Duration
+	}
+	cs := []*contender{
+		{name: "uring", pass: through(benchTier(b, dir, EngineURing, func(o *Options) { o.Lookup, o.Rings = LookupOpenPath, runtime.GOMAXPROCS(0) }))},
+		{name: "sync", pass: through(benchTier(b, dir, EngineSync, nil))},
+		{name: "ring", pass: func() { rings.run(b) }},
+		{name: "fstatat-loop", pass: func() {
+			var st unix.Stat_t
+			for _, p := range paths {
+				stat(p, &st)
+			}
+		}},
+	}
+	for _, workers := range []int{2, 16} {
+		cs = append(cs,
+			&contender{name: fmt.Sprintf("fstatat-pool%d", workers), pass: func() { pool(paths, workers, stat) }},
+			&contender{name: fmt.Sprintf("faccessat-pool%d", workers), pass: func() { pool(paths, workers, access) }})
+	}
+	round := 0
+	for b.Loop() {
+		for k := range cs {
+			c := cs[(k+round)%len(cs)]
+			t0, cpu := time.Now(), processCPU(b)
+			c.pass()
+			c.wall += time.Since(t0)
+			c.cpu += processCPU(b) - cpu
+		}
+		round++
+	}
+	for _, c := range cs {
+		n := float64(round) * float64(len(keys))
+		b.ReportMetric(n/c.wall.Seconds(), c.name+"-keys/s")
+		b.ReportMetric(float64(c.cpu.Nanoseconds())/n, c.name+"-cpu-ns/key")
+	}
+}
+
 // BenchmarkSyscall is what entering the kernel costs here: getppid(2) in
 // a loop, ns/op. BenchmarkLookup's loops and pools pay it once a key,
 // io_uring once a chunk of keys, so their ratio moves with it from host
