@@ -6,7 +6,9 @@ one first each round), it runs:
   lookups  tier's BenchmarkLookup, BenchmarkLookupCold and BenchmarkLookupCached (--benchtime):
            warm lookups of a ring per CPU (lookup op openpath) ÷ the best pool (2 or 16 goroutines
            calling fstatat or faccessat) and ÷ one goroutine calling fstatat, and (no aim) ÷ the
-           same op on a bare ring per CPU with no tier around it, and that ÷ the best pool; cold ones ÷ the best
+           same op on a bare ring per CPU with no tier around it, and that ÷ the best pool; the same
+           again from BenchmarkLookupInterleaved, which times them in turn, a pass over the keys each,
+           so that the VM's drift touches them alike (the "interleaved" rows); cold ones ÷ the best
            pool (16 or 64 goroutines); keys a second answered from the lookup cache, and the time
            from submit to result of 8 keys it holds (BenchmarkLookupCachedRoundTrip)
   loads    BenchmarkLoad/size=*/io=buffered: page-cache loads, a ring per CPU ÷ the sync engine
@@ -57,6 +59,10 @@ AIMS = [
     ("warm_loop", "warm lookups ÷ one thread", "×", lambda v: v >= 1.5),
     ("warm_ring", "  warm lookups ÷ their op on bare rings", "×", None),
     ("ring_pool", "  their op on bare rings ÷ best pool", "×", None),
+    ("warm_pool_il", "interleaved warm lookups ÷ best pool", "×", lambda v: v >= 0.95),
+    ("warm_loop_il", "interleaved warm lookups ÷ one thread", "×", lambda v: v >= 1.5),
+    ("warm_ring_il", "  interleaved: ÷ their op on bare rings", "×", None),
+    ("ring_pool_il", "  interleaved: their op on bare rings ÷ best pool", "×", None),
     ("cold_pool", "cold lookups ÷ best pool", "×", lambda v: v >= 1),
     ("cached", "cached lookups, M keys/s", "", lambda v: v >= 10),
     ("cached_sync", "  the same ÷ sync", "×", None),
@@ -117,7 +123,7 @@ class Build:
 
 
 def lookups(b, a):
-    rows = b.bench("BenchmarkLookup$|BenchmarkLookupCold|BenchmarkLookupCached", a.benchtime)
+    rows = b.bench("BenchmarkLookup$|BenchmarkLookupCold|BenchmarkLookupCached|BenchmarkLookupInterleaved", a.benchtime)
     warm = lambda e: rows[f"BenchmarkLookup/engine={e}"]["keys/s"]
     pools = [n for n in rows if re.fullmatch(r"BenchmarkLookup/engine=(fstatat|faccessat)-pool\d+", n)]
     uring = warm("uring-openpath/rings=cpus")
@@ -135,6 +141,13 @@ def lookups(b, a):
     if ring:  # not in builds before 07bfd82
         out["warm_ring"] = uring / ring["keys/s"]
         out["ring_pool"] = ring["keys/s"] / max(rows[n]["keys/s"] for n in pools)
+    il = rows.get("BenchmarkLookupInterleaved")
+    if il:  # not in builds before 8e58403
+        best = max(v for u, v in il.items() if re.fullmatch(r"(fstatat|faccessat)-pool\d+-keys/s", u))
+        out["warm_pool_il"] = il["uring-keys/s"] / best
+        out["warm_loop_il"] = il["uring-keys/s"] / il["fstatat-loop-keys/s"]
+        out["warm_ring_il"] = il["uring-keys/s"] / il["ring-keys/s"]
+        out["ring_pool_il"] = il["ring-keys/s"] / best
     rt = rows.get("BenchmarkLookupCachedRoundTrip/engine=uring")
     if rt:  # not in builds before cf09025
         out["cached_rt"] = rt["ns/op"] / 1e3
