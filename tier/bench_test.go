@@ -243,12 +243,7 @@ func BenchmarkLookupInterleaved(b *testing.B) {
 	access := func(p []byte, _ *unix.Stat_t) {
 		unix.Syscall(unix.SYS_FACCESSAT, uintptr(nsFD), uintptr(unsafe.Pointer(&p[0])), unix.F_OK)
 	}
-	type contender struct {
-		name      string
-		pass      func()
-		wall, cpu time.Duration
-	}
-	cs := []*contender{
+	cs := []contender{
 		{name: "uring", pass: through(benchTier(b, dir, EngineURing, func(o *Options) { o.Lookup, o.Rings = LookupOpenPath, runtime.GOMAXPROCS(0) }))},
 		{name: "sync", pass: through(benchTier(b, dir, EngineSync, nil))},
 		{name: "ring", pass: func() { rings.run(b) }},
@@ -261,13 +256,27 @@ func BenchmarkLookupInterleaved(b *testing.B) {
 	}
 	for _, workers := range []int{2, 16} {
 		cs = append(cs,
-			&contender{name: fmt.Sprintf("fstatat-pool%d", workers), pass: func() { pool(paths, workers, stat) }},
-			&contender{name: fmt.Sprintf("faccessat-pool%d", workers), pass: func() { pool(paths, workers, access) }})
+			contender{name: fmt.Sprintf("fstatat-pool%d", workers), pass: func() { pool(paths, workers, stat) }},
+			contender{name: fmt.Sprintf("faccessat-pool%d", workers), pass: func() { pool(paths, workers, access) }})
 	}
+	inTurn(b, len(keys), cs)
+}
+
+// contender is one of the ways inTurn times: pass does its work once.
+type contender struct {
+	name      string
+	pass      func()
+	wall, cpu time.Duration
+}
+
+// inTurn times the contenders' passes in turn, the order rotating from
+// round to round, and reports each one's keys a second and CPU a key over
+// its own passes (NAME-keys/s, NAME-cpu-ns/key), keys keys a pass.
+func inTurn(b *testing.B, keys int, cs []contender) {
 	round := 0
 	for b.Loop() {
 		for k := range cs {
-			c := cs[(k+round)%len(cs)]
+			c := &cs[(k+round)%len(cs)]
 			t0, cpu := time.Now(), processCPU(b)
 			c.pass()
 			c.wall += time.Since(t0)
@@ -276,7 +285,7 @@ func BenchmarkLookupInterleaved(b *testing.B) {
 		round++
 	}
 	for _, c := range cs {
-		n := float64(round) * float64(len(keys))
+		n := float64(round) * float64(keys)
 		b.ReportMetric(n/c.wall.Seconds(), c.name+"-keys/s")
 		b.ReportMetric(float64(c.cpu.Nanoseconds())/n, c.name+"-cpu-ns/key")
 	}
@@ -570,6 +579,33 @@ func BenchmarkLoad(b *testing.B) {
 		}
 		b.ReportMetric(float64(b.N*bigBlocks)/b.Elapsed().Seconds(), "keys/s")
 	})
+}
+
+// BenchmarkLoadInterleaved loads every block through the page cache, one
+// key a request, 4 in flight, with the io_uring engine (a ring per CPU)
+// and the sync engine in turn, a pass each (inTurn), for each block size:
+// BenchmarkLoad's io=buffered rows without the VM's drift between them.
+func BenchmarkLoadInterleaved(b *testing.B) {
+	for _, sz := range ioSizes {
+		dir := ioFixture(b, sz.size, sz.blocks)
+		b.Run("size="+sz.name, func(b *testing.B) {
+			const depth = 4
+			through := func(kind EngineKind, rings int) contender {
+				tr := benchTier(b, dir, kind, func(o *Options) {
+					o.BlockSize, o.Buffers, o.Rings, o.NoDirect = sz.size, depth, rings, true
+				})
+				bufs := tr.Buffers()
+				return contender{pass: func() {
+					runBatches(b, tr, sz.blocks, depth, func(req uint64, slot int) error {
+						return tr.Load(req, [][]byte{testKey(int(req))}, bufs[slot:slot+1])
+					})
+				}}
+			}
+			uring, sync := through(EngineURing, runtime.GOMAXPROCS(0)), through(EngineSync, 0)
+			uring.name, sync.name = "uring", "sync"
+			inTurn(b, sz.blocks, []contender{uring, sync})
+		})
+	}
 }
 
 func openBig(b *testing.B, dir string) ([]byte, []int) {

@@ -11,7 +11,8 @@ one first each round), it runs:
            so that the VM's drift touches them alike (the "interleaved" rows); cold ones ÷ the best
            pool (16 or 64 goroutines); keys a second answered from the lookup cache, and the time
            from submit to result of 8 keys it holds (BenchmarkLookupCachedRoundTrip)
-  loads    BenchmarkLoad/size=*/io=buffered: page-cache loads, a ring per CPU ÷ the sync engine
+  loads    BenchmarkLoad/size=*/io=buffered: page-cache loads, a ring per CPU ÷ the sync engine; the
+           same from BenchmarkLoadInterleaved, the two engines in turn (the "interleaved" rows)
   fuse     linux_test's TestSlowFilesystem (1 ms an operation): the io_uring engine ÷ one thread
            and ÷ a pool of 64
   default  `tierbench --rounds 2 --json` (the default run, each engine first once): per workload
@@ -72,6 +73,8 @@ AIMS = [
     ("load_64KiB", "page-cache loads 64 KiB ÷ sync", "×", lambda v: v >= 1),
     ("load_256KiB", "page-cache loads 256 KiB ÷ sync", "×", lambda v: v >= 1),
     ("load_2MiB", "page-cache loads 2 MiB ÷ sync", "×", lambda v: v >= 1),
+] + [(f"load_{z}_il", f"interleaved page-cache loads {z} ÷ sync", "×", lambda v: v >= 1)
+     for z in ("64KiB", "256KiB", "2MiB")] + [
 ] + [a for w in ("lookup", "load", "store") for a in [
     (f"{w}_rate", f"default run {w}s: keys/s ÷ sync", "×", lambda v: v >= 1),
     (f"{w}_cpu", f"default run {w}s: CPU a key ÷ sync", "×", lambda v: v <= 1),
@@ -155,11 +158,15 @@ def lookups(b, a):
 
 
 def loads(b, a):
-    rows = b.bench("BenchmarkLoad/size=(64KiB|256KiB|2MiB)/io=buffered/engine=(uring|sync)$", a.benchtime)
+    rows = b.bench("BenchmarkLoad/size=(64KiB|256KiB|2MiB)/io=buffered/engine=(uring|sync)$|BenchmarkLoadInterleaved",
+                   a.benchtime)
     out = {}
     for size in ("64KiB", "256KiB", "2MiB"):
         base = f"BenchmarkLoad/size={size}/io=buffered/engine="
         out[f"load_{size}"] = rows[base + "uring/rings=cpus"]["MB/s"] / rows[base + "sync"]["MB/s"]
+        il = rows.get(f"BenchmarkLoadInterleaved/size={size}")
+        if il:  # not in builds before it was added
+            out[f"load_{size}_il"] = il["uring-keys/s"] / il["sync-keys/s"]
     return out
 
 
