@@ -165,7 +165,7 @@ def loads(b, a):
         base = f"BenchmarkLoad/size={size}/io=buffered/engine="
         out[f"load_{size}"] = rows[base + "uring/rings=cpus"]["MB/s"] / rows[base + "sync"]["MB/s"]
         il = rows.get(f"BenchmarkLoadInterleaved/size={size}")
-        if il:  # not in builds before it was added
+        if il:  # not in builds before 83815ea
             out[f"load_{size}_il"] = il["uring-keys/s"] / il["sync-keys/s"]
     return out
 
