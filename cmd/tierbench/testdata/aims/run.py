@@ -158,8 +158,8 @@ def lookups(b, a):
 
 
 def loads(b, a):
-    rows = b.bench("BenchmarkLoad/size=(64KiB|256KiB|2MiB)/io=buffered/engine=(uring|sync)$|BenchmarkLoadInterleaved",
-                   a.benchtime)
+    rows = b.bench("^BenchmarkLoad$/size=(64KiB|256KiB|2MiB)/io=buffered/engine=(uring|sync)$", a.benchtime)
+    rows.update(b.bench("^BenchmarkLoadInterleaved$", a.benchtime))
     out = {}
     for size in ("64KiB", "256KiB", "2MiB"):
         base = f"BenchmarkLoad/size={size}/io=buffered/engine="
