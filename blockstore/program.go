@@ -509,6 +509,55 @@ func (c *Config) Check() error {
 	return nil
 }
 
+// probeHow is the open of a lookup resolved from the dentry cache alone
+// (Config.LookupCachedFirst). O_DIRECTORY: a block's file is no
+// directory, so the open of one that is there ends in ENOTDIR once the
+// walk has found it, and no file is opened, installed and later freed
+// (warm lookups, a ring per CPU: 1.17x the keys a second). Only with
+// RESOLVE_CACHED does ENOTDIR name the last component alone: a walk that
+// meets a file in place of a directory on the way leaves the dentry
+// cache's RCU walk and fails with EAGAIN, and STATX, asked next, tells the
+// two apart (tier.TestFileInPlaceOfFanoutDir). The kernel only reads it.
+var probeHow = unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY, Resolve: ResolveBeneath | resolveCached}
+
+// Probe readies p for the one open that, most often, is all of a lookup
+// that cfg makes by an open resolved from the dentry cache alone
+// (LookupByOpen and LookupCachedFirst), without the rest of Start: it
+// writes key's path into p's memory and returns it and the open's flags,
+// as Start would lay them. The engine submits openat2 of them beneath the
+// namespace directory and gives the result to ProbeVerdict; if that does
+// not decide, the engine calls Start and hands the same result to its
+// first step, the same open, and the program goes on from there. ok is
+// false when cfg makes lookups otherwise, or the path is too long (Start
+// says so). A cancel sees one step.
+func (p *Program) Probe(cfg *Config, key []byte) (path *byte, how *unix.OpenHow, ok bool) {
+	if !cfg.LookupByOpen || !cfg.LookupCachedFirst {
+		return nil, nil, false
+	}
+	n := len(cfg.Layout.AppendPath(p.path[:0], key)) // in p.path when it fits
+	if n >= len(p.path) {
+		return nil, nil, false
+	}
+	p.path[n] = 0
+	p.Op, p.N, p.Canceled = OpLookup, 1, false
+	return &p.path[0], &probeHow, true
+}
+
+// ProbeVerdict decides a lookup from the result of Probe's open where the
+// open alone decides it, as Judge does: ENOTDIR, something other than a
+// directory is there; ENOENT, ELOOP (a symlink on the way) or ESTALE,
+// nothing. Otherwise (EAGAIN: a path outside the dentry cache; an open
+// that succeeded, and installed a directory; another error) ok is false.
+func ProbeVerdict(res int32) (st Status, ok bool) {
+	switch res {
+	case -int32(unix.ENOTDIR):
+		return StatusFound, true
+	case -int32(unix.ENOENT), -int32(unix.ELOOP), -int32(unix.ESTALE):
+		return StatusMissing, true
+	}
+	return StatusPending, false
+}
+
 // Start lays out the first phase of op on key. buf is the payload of a
 // load or store (the caller's memory, kept until the program is decided);
 // hdr is HeaderSize bytes of the program's own, aligned for O_DIRECT, or
@@ -580,17 +629,7 @@ func (p *Program) lay() {
 	case p.Op == OpLookup && p.cfg.LookupByOpen && p.phase == phaseMain:
 		p.How = unix.OpenHow{Flags: unix.O_PATH, Resolve: ResolveBeneath}
 		if p.cfg.LookupCachedFirst {
-			// O_DIRECTORY: a block's file is no directory, so the open of
-			// one that is there ends in ENOTDIR once the walk has found
-			// it, and no file is opened, installed and later freed (warm
-			// lookups, a ring per CPU: 1.17x the keys a second). Only with
-			// RESOLVE_CACHED does ENOTDIR name the last component alone:
-			// a walk that meets a file in place of a directory on the way
-			// leaves the dentry cache's RCU walk and fails with EAGAIN,
-			// and STATX, asked next, tells the two apart
-			// (tier.TestFileInPlaceOfFanoutDir).
-			p.How.Flags |= unix.O_DIRECTORY
-			p.How.Resolve |= resolveCached
+			p.How = probeHow
 		}
 		s := p.add(StepOpen, roleLookup, LinkNone)
 		s.Path, s.How, s.Probe = &p.path[0], &p.How, true
@@ -788,14 +827,18 @@ func (p *Program) Judge() bool {
 	switch p.Op {
 	case OpLookup:
 		s := &p.Steps[0]
-		if s.Op == StepOpen && s.Res == -int32(unix.EAGAIN) && p.How.Resolve&resolveCached != 0 {
-			p.next(phaseWalk)
-			return false
+		if s.Op == StepOpen && p.How == probeHow {
+			if st, ok := ProbeVerdict(s.Res); ok {
+				return p.decide(st, nil)
+			}
+			if s.Res == -int32(unix.EAGAIN) {
+				p.next(phaseWalk)
+				return false
+			}
 		}
 		switch r := s.Res; {
-		case r >= 0 && (s.Op != StepStatx || p.Stx.Mode&unix.S_IFMT != unix.S_IFLNK),
-			r == -int32(unix.ENOTDIR) && s.Op == StepOpen && p.How.Flags&unix.O_DIRECTORY != 0:
-			// Something is there (for an O_DIRECTORY open, something
+		case r >= 0 && (s.Op != StepStatx || p.Stx.Mode&unix.S_IFMT != unix.S_IFLNK):
+			// Something is there (for ProbeVerdict's ENOTDIR, something
 			// other than a directory): whether it is a valid block (a
 			// regular file with the key's header and checksum) is a
 			// load's question, as for any corrupt block.

@@ -425,6 +425,66 @@ func TestProgramLookupCachedFirst(t *testing.T) {
 	})
 }
 
+// TestProgramProbe: Probe returns the open Start lays for a cached-first
+// lookup, and ProbeVerdict decides from its result exactly what Judge does
+// where the open alone decides, and nothing where it does not; through
+// the kernel, once the walk is in the dentry cache, its open of a block's
+// path ends in ENOTDIR and of a missing one in ENOENT. Without
+// LookupCachedFirst or LookupByOpen there is no probe.
+func TestProgramProbe(t *testing.T) {
+	key := testKey(1, 32)
+	cfg := *testConfig(DurabilityNone)
+	cfg.LookupByOpen, cfg.LookupCachedFirst = true, true
+	var probe, started Program
+	path, how, ok := probe.Probe(&cfg, key)
+	require.True(t, ok)
+	require.NoError(t, started.Start(&cfg, OpLookup, key, nil, nil, false))
+	require.Equal(t, 1, started.N)
+	s := started.Steps[0]
+	assert.Equal(t, unix.BytePtrToString(s.Path), unix.BytePtrToString(path))
+	assert.Equal(t, *s.How, *how)
+	assert.Equal(t, 1, probe.N, "a cancel's steps")
+
+	decided := 0
+	for _, res := range []int32{-int32(unix.ENOTDIR), -int32(unix.ENOENT), -int32(unix.ELOOP), -int32(unix.ESTALE),
+		-int32(unix.EAGAIN), 0, 5, -int32(unix.EACCES), -int32(unix.EIO), -int32(unix.ENAMETOOLONG), -int32(unix.EXDEV)} {
+		var p Program
+		require.NoError(t, p.Start(&cfg, OpLookup, key, nil, nil, false))
+		p.Steps[0].Res = res
+		judged := p.Judge()
+		if st, ok := ProbeVerdict(res); ok {
+			decided++
+			require.True(t, judged, "%d: ProbeVerdict decides, Judge does not", res)
+			assert.Equal(t, p.Status, st, "%d", res)
+		} else if res < 0 {
+			assert.True(t, !judged || p.Status == StatusFailed, "%d: declined, and judged %v", res, p.Status)
+		}
+	}
+	assert.Equal(t, 4, decided)
+
+	ns := namespaceWith(t, key)
+	for k, want := range map[string]int32{string(key): -int32(unix.ENOTDIR), string(testKey(2, 32)): -int32(unix.ENOENT)} {
+		var p Program
+		path, how, ok := p.Probe(&cfg, []byte(k))
+		require.True(t, ok)
+		var st unix.Stat_t
+		unix.Fstatat(ns, unix.BytePtrToString(path), &st, unix.AT_SYMLINK_NOFOLLOW) // into the dentry cache, there or not
+		fd, err := unix.Openat2(ns, unix.BytePtrToString(path), how)
+		if err == nil {
+			unix.Close(fd)
+		}
+		assert.Equal(t, unix.Errno(-want), err, "%x", k)
+	}
+
+	for _, c := range []struct{ byOpen, cachedFirst bool }{{true, false}, {false, true}, {false, false}} {
+		other := cfg
+		other.LookupByOpen, other.LookupCachedFirst = c.byOpen, c.cachedFirst
+		var p Program
+		_, _, ok := p.Probe(&other, key)
+		assert.False(t, ok, "%+v", c)
+	}
+}
+
 // namespaceWith stores key's block in a new Store and returns its
 // namespace directory's descriptor, closed when t ends.
 func namespaceWith(t *testing.T, key []byte) int {

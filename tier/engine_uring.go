@@ -233,6 +233,7 @@ type uringBackend struct {
 	remote    bool              // not EngineInfo.Inline, read at set-up (Open rewrites t.engine once the owners run): gatherWindow
 	sumAside  int               // the payload from which a load is judged aside; 0: never
 	aside     []uint8           // by op: asideJudging, asideCanceled (judgeAside), asidePool
+	bare      []bool            // by op: a lookup's probe in flight, its program not started (prepareProbe)
 	writesMu  sync.Mutex
 	writesQ   []*ringWrite // guarded by writesMu: the store pool's writes, for takeWrites
 	writesErr error        // guarded by writesMu: the ring broke; writes fail at once
@@ -312,7 +313,7 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	// SQEs) without submitting mid-way.
 	entries := uint32(min(8192, max(64, 4*n)))
 	b := &uringBackend{t: t, s: s, ns: t.ns, direct: t.engine.Direct,
-		progs: make([]blockstore.Program, n), dirFD: make([]int, n), await: make([]uint16, n), sqEnd: make([]uint32, n), aside: make([]uint8, n), framed: make([]int32, n),
+		progs: make([]blockstore.Program, n), dirFD: make([]int, n), await: make([]uint16, n), sqEnd: make([]uint32, n), aside: make([]uint8, n), bare: make([]bool, n), framed: make([]int32, n),
 		cqes: make([]uring.CQE, 256), wakeC: make(chan struct{}, 1), timer: time.NewTimer(time.Hour)}
 	b.timer.Stop()
 	b.hdrLen = blockstore.ScratchSize
@@ -544,6 +545,7 @@ func (b *uringBackend) fail(err error) {
 	}
 	b.next, b.recancel, b.rearm = b.next[:0], b.recancel[:0], false
 	clear(b.await)
+	clear(b.bare)
 	b.failWrites()
 }
 
@@ -646,6 +648,9 @@ func (b *uringBackend) start(i int32, o *op, done []int32) []int32 {
 			o.ringWrite = b.t.poolStores.Add(1) > ringWriteMin
 		}
 		b.pool.send(i)
+	} else if path, how, ok := b.probe(p, cfg, o); ok {
+		b.dirFD[i] = b.ns.currentAt(o.started)
+		b.prepareProbe(i, path, how)
 	} else if err := p.Start(cfg, programOp[o.kind], o.keyBytes(), o.buf, b.scratch(i, o), b.direct && aligned(o.buf)); err != nil {
 		o.status, o.err = StatusFailed, err
 		b.doneQ = append(b.doneQ, i)
@@ -654,6 +659,61 @@ func (b *uringBackend) start(i int32, o *op, done []int32) []int32 {
 		b.prepare(i)
 	}
 	return b.flushDone(done)
+}
+
+// probe readies a lookup's program for its one open alone where cfg
+// makes the lookup so (blockstore.Program.Probe): the open's result then
+// decides most lookups without a program started and judged
+// (probeEnded). BenchmarkLookupInterleaved, 8 runs each, the order
+// alternating, medians: 0.77x the keys a second of the same open on bare
+// rings (0.74-0.82) against 0.755x (0.73-0.78) with every lookup's
+// program started and judged, at 1.37x their CPU a key (1.34-1.39)
+// against 1.44x (1.40-1.48); 1.095x the sync engine's keys a second
+// (1.08-1.11) against 1.03x (1.02-1.06).
+func (b *uringBackend) probe(p *blockstore.Program, cfg *blockstore.Config, o *op) (*byte, *unix.OpenHow, bool) {
+	if o.kind != OpLookup || cfg != &b.cfgOpen {
+		return nil, nil, false
+	}
+	return p.Probe(cfg, o.keyBytes())
+}
+
+// prepareProbe queues op i's probe: the open of path with how into the
+// op's slot.
+func (b *uringBackend) prepareProbe(i int32, path *byte, how *unix.OpenHow) {
+	b.reserve()
+	if b.broken != nil {
+		return // fail has decided the op
+	}
+	s := b.ring.GetSQE()
+	s.PrepareOpenat2Direct(b.dirFD[i], path, how, uint32(i))
+	s.UserData = ud(i, 0)
+	b.await[i], b.sqEnd[i], b.bare[i] = 1, b.ring.SQTail(), true
+	b.submitChunk()
+}
+
+// probeEnded takes the result of op i's probe: the verdict, or, where the
+// open alone does not decide, the program started with that result as its
+// first step's, as if it had made the open itself.
+func (b *uringBackend) probeEnded(i int32, res int32) {
+	b.bare[i] = false
+	o, p := &b.s.ops[i], &b.progs[i]
+	if st, ok := blockstore.ProbeVerdict(res); ok {
+		b.dentryAnswered()
+		o.status, o.err = tierStatus[st], nil
+		b.doneQ = append(b.doneQ, i)
+		return
+	}
+	canceled := p.Canceled // a cancel of the probe holds for the program
+	if err := p.Start(&b.cfgOpen, blockstore.OpLookup, o.keyBytes(), nil, b.scratch(i, o), false); err != nil {
+		o.status, o.err = StatusFailed, err
+		b.doneQ = append(b.doneQ, i)
+		return
+	}
+	p.Canceled = canceled
+	b.await[i] = 1
+	if b.complete(i, 0, res) {
+		b.evaluate(i)
+	}
 }
 
 // prepare queues op i's current phase, one SQE per step, as one
@@ -731,6 +791,11 @@ func (b *uringBackend) prepare(i int32) {
 		s.UserData = ud(i, k)
 	}
 	b.await[i], b.sqEnd[i] = 1<<p.N-1, b.ring.SQTail()
+	b.submitChunk()
+}
+
+// submitChunk submits what is queued once it makes a chunk.
+func (b *uringBackend) submitChunk() {
 	if b.ring.Pending() >= b.chunk || b.queued >= submitBytes {
 		// Inline opens and page-cache copies run in io_uring_enter,
 		// holding the owner's P: hand over what is queued now, at the
@@ -915,6 +980,10 @@ func (b *uringBackend) handle(c uring.CQE) {
 		b.fail(fmt.Errorf("completion for op %d step %d, not a step in flight", i, step))
 		return
 	}
+	if b.bare[i] {
+		b.probeEnded(i, c.Res)
+		return
+	}
 	p := &b.progs[i]
 	switch {
 	case b.complete(i, step, c.Res):
@@ -1078,15 +1147,7 @@ func (b *uringBackend) judged(i int32, decided bool) {
 		return
 	}
 	if p.Op == blockstore.OpLookup && p.Steps[0].Probe {
-		// The dentry cache answered it.
-		switch {
-		case b.uncached < coldRun:
-			b.uncached = max(0, b.uncached-coldHit)
-		case !b.probeHit:
-			b.probeHit = true // a probe: try again soon
-		default:
-			b.uncached, b.probeHit = coldRun/2, false // two in a row: the run is over
-		}
+		b.dentryAnswered()
 	}
 	o := &b.s.ops[i]
 	o.status, o.err = tierStatus[p.Status], p.Err
@@ -1096,6 +1157,19 @@ func (b *uringBackend) judged(i int32, decided bool) {
 	}
 	b.t.noteDisposal(p)
 	b.doneQ = append(b.doneQ, i)
+}
+
+// dentryAnswered counts a lookup open that the dentry cache answered
+// (coldRun).
+func (b *uringBackend) dentryAnswered() {
+	switch {
+	case b.uncached < coldRun:
+		b.uncached = max(0, b.uncached-coldHit)
+	case !b.probeHit:
+		b.probeHit = true // a probe: try again soon
+	default:
+		b.uncached, b.probeHit = coldRun/2, false // two in a row: the run is over
+	}
 }
 
 // wait submits what is queued and collects finished ops, blocking for at
