@@ -327,9 +327,10 @@ func fstatat(nsFD int) func(p []byte, st *unix.Stat_t) {
 
 // ringLooker is one thread with a ring of its own that looks up its share
 // of paths as the io_uring engine does a warm lookup (LookupOpenPath on a
-// local filesystem): an O_PATH|O_DIRECTORY open with RESOLVE_BENEATH and
-// RESOLVE_CACHED into a fixed slot, which ends in ENOTDIR for a block that
-// is there and ENOENT for one that is not, in batches of ringBatch.
+// local filesystem): blockstore's probe, an O_PATH|O_DIRECTORY open with
+// RESOLVE_BENEATH and RESOLVE_CACHED, into a fixed slot, which ends in
+// ENOTDIR for a block that is there and ENOENT for one that is not, in
+// batches of ringBatch.
 type ringLooker struct {
 	ring  *uring.Ring
 	paths [][]byte
@@ -350,7 +351,11 @@ const ringBatch = 256
 // stopped at b's cleanup.
 func startRingLookers(b *testing.B, nsFD int, paths [][]byte, n int) *ringLookers {
 	rl := &ringLookers{present: (len(paths) + 1) / 2}
-	how := unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY, Resolve: blockstore.ResolveBeneath | resolveCachedBench}
+	var probe blockstore.Program // the engine's open, as blockstore lays it
+	_, how, ok := probe.Probe(&blockstore.Config{Layout: blockstore.FanoutLayout{}, LookupByOpen: true, LookupCachedFirst: true}, testKey(0))
+	if !ok {
+		b.Fatal("blockstore has no probe for a cached-first lookup by open")
+	}
 	b.Cleanup(func() {
 		for _, c := range rl.start {
 			close(c)
@@ -379,7 +384,7 @@ func startRingLookers(b *testing.B, nsFD int, paths [][]byte, n int) *ringLooker
 					batch := w.paths[i:min(i+ringBatch, len(w.paths))]
 					for j, p := range batch {
 						sqe := w.ring.GetSQE()
-						sqe.PrepareOpenat2Direct(nsFD, &p[0], &how, uint32(j))
+						sqe.PrepareOpenat2Direct(nsFD, &p[0], how, uint32(j))
 						sqe.UserData = uint64(j)
 					}
 					w.lookBatch(nsFD, batch, cqes)
@@ -448,9 +453,6 @@ func (rl *ringLookers) run(b *testing.B) {
 		b.Fatalf("found %d keys, want %d", found, rl.present)
 	}
 }
-
-// resolveCachedBench is RESOLVE_CACHED, as blockstore's lookups ask it.
-const resolveCachedBench = 0x20
 
 // pool calls call on every path from workers goroutines.
 func pool(paths [][]byte, workers int, call func(p []byte, st *unix.Stat_t)) {
@@ -590,20 +592,18 @@ func BenchmarkLoadInterleaved(b *testing.B) {
 		dir := ioFixture(b, sz.size, sz.blocks)
 		b.Run("size="+sz.name, func(b *testing.B) {
 			const depth = 4
-			through := func(kind EngineKind, rings int) contender {
+			through := func(name string, kind EngineKind, rings int) contender {
 				tr := benchTier(b, dir, kind, func(o *Options) {
 					o.BlockSize, o.Buffers, o.Rings, o.NoDirect = sz.size, depth, rings, true
 				})
 				bufs := tr.Buffers()
-				return contender{pass: func() {
+				return contender{name: name, pass: func() {
 					runBatches(b, tr, sz.blocks, depth, func(req uint64, slot int) error {
 						return tr.Load(req, [][]byte{testKey(int(req))}, bufs[slot:slot+1])
 					})
 				}}
 			}
-			uring, sync := through(EngineURing, runtime.GOMAXPROCS(0)), through(EngineSync, 0)
-			uring.name, sync.name = "uring", "sync"
-			inTurn(b, sz.blocks, []contender{uring, sync})
+			inTurn(b, sz.blocks, []contender{through("uring", EngineURing, runtime.GOMAXPROCS(0)), through("sync", EngineSync, 0)})
 		})
 	}
 }
