@@ -445,22 +445,33 @@ func TestProgramProbe(t *testing.T) {
 	assert.Equal(t, *s.How, *how)
 	assert.Equal(t, 1, probe.N, "a cancel's steps")
 
-	decided := 0
-	for _, res := range []int32{-int32(unix.ENOTDIR), -int32(unix.ENOENT), -int32(unix.ELOOP), -int32(unix.ESTALE),
-		-int32(unix.EAGAIN), 0, 5, -int32(unix.EACCES), -int32(unix.EIO), -int32(unix.ENAMETOOLONG), -int32(unix.EXDEV)} {
+	// Decided: the verdict, which Judge reaches too. Declined: Judge walks
+	// on (EAGAIN), finds a directory there (an open that succeeded), or
+	// fails.
+	for res, want := range map[int32]Status{
+		-int32(unix.ENOTDIR): StatusFound, -int32(unix.ENOENT): StatusMissing,
+		-int32(unix.ELOOP): StatusMissing, -int32(unix.ESTALE): StatusMissing,
+		-int32(unix.EAGAIN): StatusPending, 0: StatusPending, 5: StatusPending, -int32(unix.EACCES): StatusPending,
+		-int32(unix.EIO): StatusPending, -int32(unix.ENAMETOOLONG): StatusPending, -int32(unix.EXDEV): StatusPending,
+	} {
+		st, ok := ProbeVerdict(res)
+		assert.Equal(t, want != StatusPending, ok, "%d", res)
 		var p Program
 		require.NoError(t, p.Start(&cfg, OpLookup, key, nil, nil, false))
 		p.Steps[0].Res = res
 		judged := p.Judge()
-		if st, ok := ProbeVerdict(res); ok {
-			decided++
-			require.True(t, judged, "%d: ProbeVerdict decides, Judge does not", res)
-			assert.Equal(t, p.Status, st, "%d", res)
-		} else if res < 0 {
-			assert.True(t, !judged || p.Status == StatusFailed, "%d: declined, and judged %v", res, p.Status)
+		switch {
+		case ok:
+			assert.Equal(t, want, st, "%d", res)
+			assert.True(t, judged && p.Status == st, "%d: ProbeVerdict %v, Judge %v %v", res, st, judged, p.Status)
+		case res == -int32(unix.EAGAIN):
+			assert.True(t, !judged && p.Walking(), "EAGAIN: on to STATX")
+		case res >= 0:
+			assert.True(t, judged && p.Status == StatusFound, "%d: a directory there", res)
+		default:
+			assert.True(t, judged && p.Status == StatusFailed, "%d: judged %v", res, p.Status)
 		}
 	}
-	assert.Equal(t, 4, decided)
 
 	ns := namespaceWith(t, key)
 	for k, want := range map[string]int32{string(key): -int32(unix.ENOTDIR), string(testKey(2, 32)): -int32(unix.ENOENT)} {
@@ -483,6 +494,21 @@ func TestProgramProbe(t *testing.T) {
 		_, _, ok := p.Probe(&other, key)
 		assert.False(t, ok, "%+v", c)
 	}
+
+	// A path longer than the program's memory: no probe; Start says why.
+	long := cfg
+	long.Layout = longLayout{}
+	var p Program
+	_, _, ok = p.Probe(&long, key)
+	assert.False(t, ok, "a path of %d bytes", len(longLayout{}.AppendPath(nil, key)))
+	assert.ErrorIs(t, p.Start(&long, OpLookup, key, nil, nil, false), ErrInvalidKey)
+}
+
+// longLayout names every block with a path longer than PathMax.
+type longLayout struct{ FanoutLayout }
+
+func (l longLayout) AppendPath(dst, key []byte) []byte {
+	return l.FanoutLayout.AppendPath(append(dst, strings.Repeat("x", PathMax)...), key)
 }
 
 // namespaceWith stores key's block in a new Store and returns its
