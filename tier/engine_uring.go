@@ -688,7 +688,7 @@ func (b *uringBackend) prepareProbe(i int32, path *byte, how *unix.OpenHow) {
 	s.PrepareOpenat2Direct(b.dirFD[i], path, how, uint32(i))
 	s.UserData = ud(i, 0)
 	b.await[i], b.sqEnd[i], b.bare[i] = 1, b.ring.SQTail(), true
-	b.submitChunk()
+	b.endChunk()
 }
 
 // probeEnded takes the result of op i's probe: the verdict, or, where the
@@ -791,11 +791,12 @@ func (b *uringBackend) prepare(i int32) {
 		s.UserData = ud(i, k)
 	}
 	b.await[i], b.sqEnd[i] = 1<<p.N-1, b.ring.SQTail()
-	b.submitChunk()
+	b.endChunk()
 }
 
-// submitChunk submits what is queued once it makes a chunk.
-func (b *uringBackend) submitChunk() {
+// endChunk submits what is queued once it makes a chunk (b.chunk SQEs,
+// or submitBytes of reads and writes).
+func (b *uringBackend) endChunk() {
 	if b.ring.Pending() >= b.chunk || b.queued >= submitBytes {
 		// Inline opens and page-cache copies run in io_uring_enter,
 		// holding the owner's P: hand over what is queued now, at the
