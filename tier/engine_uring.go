@@ -1461,8 +1461,11 @@ var eventfdSlept func(s *shard, bounded bool)
 var ownerLingered func(s *shard, woken bool)
 
 // How long an owner lingers at most, and when it stops (lingers).
+// lingerMax is a variable for TestOwnersLingerWhileAsked, which lengthens
+// it under the race detector.
+var lingerMax = 20 * time.Microsecond
+
 const (
-	lingerMax    = 20 * time.Microsecond
 	lingerMisses = 2
 	lingerProbe  = 16
 )

@@ -211,6 +211,16 @@ func TestOwnersYieldToWaiters(t *testing.T) {
 // whose page-cache loads go back to the ring its last load went to: one
 // owner answers them all.
 func TestOwnersLingerWhileAsked(t *testing.T) {
+	if raceDetector {
+		// Between its answer and its next ask, a caller under the race
+		// detector often takes longer than a linger: 11 of 32 lingers
+		// woken in one CI run, whose owner had all but stopped lingering.
+		// A longer linger asks the same of the owner and stays well
+		// under the 2 ms pause below.
+		prev := lingerMax
+		lingerMax = 300 * time.Microsecond
+		t.Cleanup(func() { lingerMax = prev }) // after the tier's Close (cleanups run last first)
+	}
 	var lingers, woken *atomic.Int64
 	ownerLingered, lingers, woken = tally()
 	t.Cleanup(func() { ownerLingered = nil }) // after the tier's Close, which the owner's exit precedes
@@ -235,14 +245,7 @@ func TestOwnersLingerWhileAsked(t *testing.T) {
 
 	const asked = 200
 	loads(asked, 0)
-	atLeast := int64(asked / 2)
-	if raceDetector {
-		// Between its answer and its next ask, a caller under the race
-		// detector often takes longer than a linger: as few as 51 of 200
-		// woken, under half in 4 runs of 8 here; none with lingering off.
-		atLeast = asked / 10
-	}
-	assert.Greater(t, woken.Load(), atLeast, "lingers that a caller asking at once ended (of %d)", lingers.Load())
+	assert.Greater(t, woken.Load(), int64(asked/2), "lingers that a caller asking at once ended (of %d)", lingers.Load())
 
 	const now = 64
 	loads(now, 2*time.Millisecond)
