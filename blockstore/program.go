@@ -829,7 +829,7 @@ func (p *Program) Judge() bool {
 		s := &p.Steps[0]
 		if s.Op == StepOpen && p.How == probeHow {
 			if st, ok := ProbeVerdict(s.Res); ok {
-				return p.decide(st, nil)
+				return p.decide(st, nil) // ENOTDIR: something other than a directory, a block or not (below)
 			}
 			if s.Res == -int32(unix.EAGAIN) {
 				p.next(phaseWalk)
@@ -838,10 +838,9 @@ func (p *Program) Judge() bool {
 		}
 		switch r := s.Res; {
 		case r >= 0 && (s.Op != StepStatx || p.Stx.Mode&unix.S_IFMT != unix.S_IFLNK):
-			// Something is there (for ProbeVerdict's ENOTDIR, something
-			// other than a directory): whether it is a valid block (a
-			// regular file with the key's header and checksum) is a
-			// load's question, as for any corrupt block.
+			// Something is there: whether it is a valid block (a regular
+			// file with the key's header and checksum) is a load's
+			// question, as for any corrupt block.
 			return p.decide(StatusFound, nil)
 		case r >= 0, r == -int32(unix.ENOENT), r == -int32(unix.ELOOP), r == -int32(unix.ESTALE):
 			// A symlink at the path (or, for an open, on the way): no
