@@ -254,12 +254,52 @@ func BenchmarkLookupInterleaved(b *testing.B) {
 			}
 		}},
 	}
+	open := openProbe(b, nsFD, stat)
 	for _, workers := range []int{2, 16} {
 		cs = append(cs,
 			contender{name: fmt.Sprintf("fstatat-pool%d", workers), pass: func() { pool(paths, workers, stat) }},
-			contender{name: fmt.Sprintf("faccessat-pool%d", workers), pass: func() { pool(paths, workers, access) }})
+			contender{name: fmt.Sprintf("faccessat-pool%d", workers), pass: func() { pool(paths, workers, access) }},
+			contender{name: fmt.Sprintf("openpath-pool%d", workers), pass: func() {
+				if n := poolThere(paths, workers, open); n != rings.present {
+					b.Fatalf("openpath-pool%d found %d keys of %d there", workers, n, rings.present)
+				}
+			}})
 	}
 	inTurn(b, len(keys), cs)
+}
+
+// openProbe returns the bare rings' open (blockstore's probe) as a plain
+// openat2(2) relative to nsFD: the same op, from a pool of goroutines
+// (openpath-pool), where the fastest of the pools (faccessat) asks less
+// of the kernel. A path outside the dentry cache (EAGAIN) is asked again
+// with uncached, as the bare rings ask fstatat. It reports whether the key
+// is there (ENOTDIR), and fails the benchmark on any other answer than the
+// probe's two (ENOENT: not there).
+func openProbe(b *testing.B, nsFD int, uncached func(p []byte, st *unix.Stat_t)) func(p []byte, st *unix.Stat_t) bool {
+	var probe blockstore.Program
+	_, how, ok := probe.Probe(&blockstore.Config{Layout: blockstore.FanoutLayout{}, LookupByOpen: true, LookupCachedFirst: true}, testKey(0))
+	if !ok {
+		b.Fatal("blockstore has no probe for a cached-first lookup by open")
+	}
+	h := *how
+	h.Flags |= unix.O_CLOEXEC
+	return func(p []byte, st *unix.Stat_t) bool {
+		fd, _, e := unix.Syscall6(unix.SYS_OPENAT2, uintptr(nsFD), uintptr(unsafe.Pointer(&p[0])), uintptr(unsafe.Pointer(&h)), unix.SizeofOpenHow, 0, 0)
+		switch e {
+		case unix.ENOTDIR:
+			return true
+		case unix.ENOENT:
+			return false
+		case unix.EAGAIN:
+			*st = unix.Stat_t{}
+			uncached(p, st)
+			return st.Mode&unix.S_IFMT == unix.S_IFREG
+		case 0:
+			unix.Close(int(fd))
+		}
+		b.Errorf("openat2 of %s: %v, not the probe's ENOTDIR or ENOENT", p[:len(p)-1], e)
+		return false
+	}
 }
 
 // contender is one of the ways inTurn times: pass does its work once.
@@ -466,6 +506,31 @@ func pool(paths [][]byte, workers int, call func(p []byte, st *unix.Stat_t)) {
 		})
 	}
 	wg.Wait()
+}
+
+// poolThere is pool for a call that says whether the key is there, and
+// returns how many were: each goroutine counts its own.
+func poolThere(paths [][]byte, workers int, call func(p []byte, st *unix.Stat_t) bool) int {
+	var wg sync.WaitGroup
+	counts := make([]int, workers)
+	for w := range workers {
+		wg.Go(func() {
+			var st unix.Stat_t
+			n := 0
+			for i := w; i < len(paths); i += workers {
+				if call(paths[i], &st) {
+					n++
+				}
+			}
+			counts[w] = n
+		})
+	}
+	wg.Wait()
+	n := 0
+	for _, c := range counts {
+		n += c
+	}
+	return n
 }
 
 // ioSizes are the block sizes of the load and store benchmarks: a small

@@ -8,7 +8,8 @@ one first each round), it runs:
            calling fstatat or faccessat) and ÷ one goroutine calling fstatat, and (no aim) ÷ the
            same op on a bare ring per CPU with no tier around it, and that ÷ the best pool; the same
            again from BenchmarkLookupInterleaved, which times them in turn, a pass over the keys each,
-           so that the VM's drift touches them alike (the "interleaved" rows); cold ones ÷ the best
+           so that the VM's drift touches them alike (the "interleaved" rows), and there (no aim)
+           the bare rings ÷ the best pool making their open as a system call; cold ones ÷ the best
            pool (16 or 64 goroutines); keys a second answered from the lookup cache, and the time
            from submit to result of 8 keys it holds (BenchmarkLookupCachedRoundTrip)
   loads    BenchmarkLoad/size=*/io=buffered: page-cache loads, a ring per CPU ÷ the sync engine; the
@@ -67,6 +68,7 @@ AIMS = [
     ("warm_loop_il", "interleaved warm lookups ÷ one thread", "×", lambda v: v >= 1.5),
     ("warm_ring_il", "  interleaved: ÷ their op on bare rings", "×", None),
     ("ring_pool_il", "  interleaved: their op on bare rings ÷ best pool", "×", None),
+    ("ring_open_il", "  interleaved: their op on bare rings ÷ the same open from the best pool", "×", None),
     ("cold_pool", "cold lookups ÷ best pool", "×", lambda v: v >= 1),
     ("cached", "cached lookups, M keys/s", "", lambda v: v >= 10),
     ("cached_sync", "  the same ÷ sync", "×", None),
@@ -156,6 +158,9 @@ def lookups(b, a):
         out["warm_loop_il"] = il["uring-keys/s"] / il["fstatat-loop-keys/s"]
         out["warm_ring_il"] = il["uring-keys/s"] / il["ring-keys/s"]
         out["ring_pool_il"] = il["ring-keys/s"] / best
+        opens = [v for u, v in il.items() if re.fullmatch(r"openpath-pool\d+-keys/s", u)]
+        if opens:  # not in builds before this row
+            out["ring_open_il"] = il["ring-keys/s"] / max(opens)
     rt = rows.get("BenchmarkLookupCachedRoundTrip/engine=uring")
     if rt:  # not in builds before cf09025
         out["cached_rt"] = rt["ns/op"] / 1e3
