@@ -222,7 +222,9 @@ func BenchmarkLookup(b *testing.B) {
 // round, so that a VM's drift from minute to minute (2x in keys a second
 // between rounds of BenchmarkLookup on a KVM VM) touches them alike. Per
 // contender it reports the keys a second and the CPU a key over its own
-// passes (NAME-keys/s, NAME-cpu-ns/key).
+// passes (NAME-keys/s, NAME-cpu-ns/key). Beside the pools of fstatat and
+// faccessat, pools make the bare rings' open as system calls
+// (openpath-pool).
 func BenchmarkLookupInterleaved(b *testing.B) {
 	dir := lookupFixture(b)
 	keys := make([][]byte, lookupKeys)
@@ -276,12 +278,7 @@ func BenchmarkLookupInterleaved(b *testing.B) {
 // is there (ENOTDIR), and fails the benchmark on any other answer than the
 // probe's two (ENOENT: not there).
 func openProbe(b *testing.B, nsFD int, uncached func(p []byte, st *unix.Stat_t)) func(p []byte, st *unix.Stat_t) bool {
-	var probe blockstore.Program
-	_, how, ok := probe.Probe(&blockstore.Config{Layout: blockstore.FanoutLayout{}, LookupByOpen: true, LookupCachedFirst: true}, testKey(0))
-	if !ok {
-		b.Fatal("blockstore has no probe for a cached-first lookup by open")
-	}
-	h := *how
+	h := *probeHow(b)
 	h.Flags |= unix.O_CLOEXEC
 	return func(p []byte, st *unix.Stat_t) bool {
 		fd, _, e := unix.Syscall6(unix.SYS_OPENAT2, uintptr(nsFD), uintptr(unsafe.Pointer(&p[0])), uintptr(unsafe.Pointer(&h)), unix.SizeofOpenHow, 0, 0)
@@ -391,11 +388,7 @@ const ringBatch = 256
 // stopped at b's cleanup.
 func startRingLookers(b *testing.B, nsFD int, paths [][]byte, n int) *ringLookers {
 	rl := &ringLookers{present: (len(paths) + 1) / 2}
-	var probe blockstore.Program // the engine's open, as blockstore lays it
-	_, how, ok := probe.Probe(&blockstore.Config{Layout: blockstore.FanoutLayout{}, LookupByOpen: true, LookupCachedFirst: true}, testKey(0))
-	if !ok {
-		b.Fatal("blockstore has no probe for a cached-first lookup by open")
-	}
+	how := probeHow(b)
 	b.Cleanup(func() {
 		for _, c := range rl.start {
 			close(c)
@@ -506,6 +499,17 @@ func pool(paths [][]byte, workers int, call func(p []byte, st *unix.Stat_t)) {
 		})
 	}
 	wg.Wait()
+}
+
+// probeHow is the engine's warm lookup open, as blockstore lays it
+// (Program.Probe of a cached-first lookup by open).
+func probeHow(b *testing.B) *unix.OpenHow {
+	var probe blockstore.Program
+	_, how, ok := probe.Probe(&blockstore.Config{Layout: blockstore.FanoutLayout{}, LookupByOpen: true, LookupCachedFirst: true}, testKey(0))
+	if !ok {
+		b.Fatal("blockstore has no probe for a cached-first lookup by open")
+	}
+	return how
 }
 
 // poolThere is pool for a call that says whether the key is there, and

@@ -68,7 +68,7 @@ AIMS = [
     ("warm_loop_il", "interleaved warm lookups ÷ one thread", "×", lambda v: v >= 1.5),
     ("warm_ring_il", "  interleaved: ÷ their op on bare rings", "×", None),
     ("ring_pool_il", "  interleaved: their op on bare rings ÷ best pool", "×", None),
-    ("ring_open_il", "  interleaved: their op on bare rings ÷ the same open from the best pool", "×", None),
+    ("ring_open_il", "  interleaved: their op on bare rings ÷ its open from a pool", "×", None),
     ("cold_pool", "cold lookups ÷ best pool", "×", lambda v: v >= 1),
     ("cached", "cached lookups, M keys/s", "", lambda v: v >= 10),
     ("cached_sync", "  the same ÷ sync", "×", None),
