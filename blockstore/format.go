@@ -135,6 +135,12 @@ func DecodeHeader(hdr []byte) (Header, error) {
 // when bytes follow the payload). Every failure wraps ErrCorrupt. It does
 // not allocate on success.
 func CheckBlock(key, hdr, payload []byte, size int64) error {
+	return checkBlock(key, hdr, payload, size, nil)
+}
+
+// checkBlock is CheckBlock, with the payload's checksum already taken
+// (*sum, over all of payload) unless sum is nil.
+func checkBlock(key, hdr, payload []byte, size int64, sum *uint32) error {
 	if len(hdr) < HeaderSize || size < HeaderSize {
 		return fmt.Errorf("%w: file is %d bytes, shorter than the %d-byte header", ErrCorrupt, min(size, int64(len(hdr))), HeaderSize)
 	}
@@ -142,26 +148,32 @@ func CheckBlock(key, hdr, payload []byte, size int64) error {
 	if err != nil {
 		return err
 	}
-	return h.checkFile(key, payload, size)
+	return h.checkFile(key, payload, size, sum)
 }
 
-// checkFile is CheckBlock after the header has been decoded.
-func (h Header) checkFile(key, payload []byte, size int64) error {
+// checkFile is checkBlock after the header has been decoded.
+func (h Header) checkFile(key, payload []byte, size int64, sum *uint32) error {
 	if size != h.FileSize() {
 		return fmt.Errorf("%w: file is %d bytes, header says %d", ErrCorrupt, size, h.FileSize())
 	}
-	return h.check(key, payload)
+	return h.check(key, payload, sum)
 }
 
-// check is CheckBlock after the header has been decoded.
-func (h Header) check(key, payload []byte) error {
+// check is checkBlock after the header has been decoded.
+func (h Header) check(key, payload []byte, sum *uint32) error {
 	if !bytes.Equal(h.Key, key) {
 		return fmt.Errorf("%w: key is %x, want %x", ErrCorrupt, h.Key, key)
 	}
 	if int64(len(payload)) != h.PayloadSize {
 		return fmt.Errorf("%w: payload is %d bytes, header says %d", ErrCorrupt, len(payload), h.PayloadSize)
 	}
-	if got := Checksum(payload); got != h.PayloadCRC {
+	var got uint32
+	if sum != nil {
+		got = *sum
+	} else {
+		got = Checksum(payload)
+	}
+	if got != h.PayloadCRC {
 		return fmt.Errorf("%w: payload checksum is %#08x, header says %#08x", ErrCorrupt, got, h.PayloadCRC)
 	}
 	return nil

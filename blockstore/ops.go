@@ -348,7 +348,7 @@ func readOpen(fd int, st *unix.Stat_t, key, buf []byte, grow func(int) []byte) (
 		return 0, err
 	}
 	if st.Size != h.FileSize() {
-		return 0, h.checkFile(key, nil, st.Size) // fails on the size: not worth reading
+		return 0, h.checkFile(key, nil, st.Size, nil) // fails on the size: not worth reading
 	}
 	size := int(h.PayloadSize)
 	if len(buf) < size {
@@ -361,7 +361,7 @@ func readOpen(fd int, st *unix.Stat_t, key, buf []byte, grow func(int) []byte) (
 	if err != nil {
 		return 0, err
 	}
-	if err := h.checkFile(key, buf[:n], st.Size); err != nil {
+	if err := h.checkFile(key, buf[:n], st.Size, nil); err != nil {
 		return 0, err
 	}
 	return n, nil

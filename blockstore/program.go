@@ -375,6 +375,8 @@ type progress struct {
 	short    bool          // the read of the block's last page found nothing: the file ends before it (Config.AsyncDirectReads)
 	hdrDone  int64
 	payDone  int64
+	summed   int64  // of payDone, the bytes in sum (Config.SumChunk)
+	sum      uint32 // their checksum
 	cause    error
 	fd       int // the file, for RunSync
 }
@@ -417,6 +419,13 @@ type Config struct {
 	// other reads say, and a STATX sizes it. One read more a load, of a
 	// page.
 	AsyncDirectReads bool
+	// SumChunk, when more than 0, has a framed load through the page cache
+	// whose payload is bigger read it SumChunk bytes a phase, and its Judge
+	// checksum each part as it comes, while the copy has left it in the
+	// CPU's cache: a payload bigger than that cache is otherwise read
+	// back from memory by the checksum after its copy. One phase more a
+	// part, a read each instead of one (RWMax still bounds a read).
+	SumChunk int
 }
 
 // Walking reports whether a lookup by RESOLVE_CACHED open found its path
@@ -430,10 +439,19 @@ func (p *Program) Walking() bool { return p.phase == phaseWalk }
 // may run it away from the thread that drives the kernel. Judge writes
 // nothing outside p.
 func (p *Program) Sums() int {
-	if p.Op != OpLoad || p.direct || p.cfg.Format == FormatRaw || p.phase != phaseMain && p.phase != phaseResume {
+	switch {
+	case p.Op != OpLoad || p.direct || p.cfg.Format == FormatRaw || p.phase != phaseMain && p.phase != phaseResume:
 		return 0
+	case p.sumsParts():
+		return p.cfg.SumChunk
 	}
 	return len(p.buf)
+}
+
+// sumsParts reports whether a load reads its payload Config.SumChunk
+// bytes a phase and checksums each part as it comes.
+func (p *Program) sumsParts() bool {
+	return p.Op == OpLoad && !p.direct && p.cfg.Format == FormatFramed && p.cfg.SumChunk > 0 && len(p.buf) > p.cfg.SumChunk
 }
 
 // KeyBytes returns the program's key.
@@ -645,7 +663,8 @@ func (p *Program) lay() {
 		s.Path, s.How = &p.path[0], &p.How
 		off := p.cfg.Format.PayloadOffset()
 		unsure := p.direct && p.cfg.AsyncDirectReads
-		if !p.byStep && !unsure && p.past != nil && off+int64(len(p.buf))+HeaderSize <= int64(RWMax) {
+		parts := p.sumsParts()
+		if !p.byStep && !parts && !unsure && p.past != nil && off+int64(len(p.buf))+HeaderSize <= int64(RWMax) {
 			// One read for header, payload and past the end: a device
 			// round trip (and a completion) instead of three. It closes
 			// whatever it read; a read that ends before the payload does
@@ -677,7 +696,7 @@ func (p *Program) lay() {
 			s = p.add(StepRead, roleLast, LinkAlways)
 			s.Buf, s.Off = p.hdr, off+int64(len(p.buf))-HeaderSize
 		}
-		if off > 0 && !p.byStep && off+int64(len(p.buf)) <= int64(RWMax) {
+		if off > 0 && !p.byStep && !parts && off+int64(len(p.buf)) <= int64(RWMax) {
 			// Header and payload with one read, as above but for the part
 			// past the end, which has no memory here or cannot be read so
 			// (Config.AsyncDirectReads): one read less, and through FUSE
@@ -778,21 +797,25 @@ func (p *Program) judgeLeaf() bool {
 // layChunks adds reads or writes (op) of the payload from payDone, at most
 // ChunksMax of them, each linked to the next, and returns where they end.
 func (p *Program) layChunks(op StepOp) int64 {
-	done := p.payDone
-	for range ChunksMax {
+	done, n, size := p.payDone, ChunksMax, RWMax
+	if op == StepRead && p.sumsParts() {
+		n, size = 1, min(size, p.cfg.SumChunk) // one part a phase, for Judge to checksum
+	}
+	for range n {
 		if done == int64(len(p.buf)) {
 			break
 		}
 		s := p.add(op, rolePayload, LinkOnSuccess)
-		s.Buf, s.Off = chunk(p.buf, done), p.cfg.Format.PayloadOffset()+done
+		s.Buf, s.Off = chunk(p.buf, done, size), p.cfg.Format.PayloadOffset()+done
 		done += int64(len(s.Buf))
 	}
 	return done
 }
 
-// chunk returns the part of buf from done that one read or write moves.
-func chunk(buf []byte, done int64) []byte {
-	return buf[done:min(int64(len(buf)), done+int64(RWMax))]
+// chunk returns the part of buf from done that one read or write of at
+// most size bytes moves.
+func chunk(buf []byte, done int64, size int) []byte {
+	return buf[done:min(int64(len(buf)), done+int64(size))]
 }
 
 // Judge takes the results of the phase's steps. It returns true when the

@@ -46,7 +46,7 @@ func (p *Program) judgeLoad() bool {
 			// the last page found (the file may have grown since).
 			off := p.cfg.Format.PayloadOffset()
 			size := min(int64(p.Stx.Size), off+int64(len(p.buf))-HeaderSize)
-			p.Status, p.moveAway, p.Err = judgeFile(p.cfg.Format, p.KeyBytes(), p.hdr[:min(p.hdrDone, size)], p.buf[:max(0, min(p.payDone, size-off))], size, false, len(p.buf))
+			p.Status, p.moveAway, p.Err = judgeFile(p.cfg.Format, p.KeyBytes(), p.hdr[:min(p.hdrDone, size)], p.buf[:max(0, min(p.payDone, size-off))], size, false, len(p.buf), nil)
 		}
 		return p.settleLoad()
 	}
@@ -104,6 +104,10 @@ func (p *Program) judgeLoad() bool {
 			p.eof = p.eof || r == 0
 		}
 	}
+	if p.sumsParts() && p.summed < p.payDone {
+		// The part this phase read, while it is still in the cache.
+		p.sum, p.summed = UpdateChecksum(p.sum, p.buf[p.summed:p.payDone]), p.payDone
+	}
 	if short {
 		return p.readByStep()
 	}
@@ -131,7 +135,11 @@ func (p *Program) judgeLoad() bool {
 	default:
 		size, longer = size+p.payDone+int64(p.tail), p.tailFull
 	}
-	st, quarantine, err := judgeFile(p.cfg.Format, p.KeyBytes(), p.hdr[:p.hdrDone], p.buf[:p.payDone], size, longer, len(p.buf))
+	var sum *uint32
+	if p.sumsParts() && p.summed == p.payDone {
+		sum = &p.sum
+	}
+	st, quarantine, err := judgeFile(p.cfg.Format, p.KeyBytes(), p.hdr[:p.hdrDone], p.buf[:p.payDone], size, longer, len(p.buf), sum)
 	if p.hdrDone < off || off == 0 && size < int64(len(p.buf)) {
 		// Shorter than a header, or than a raw block: a FIFO or a
 		// device reads so too.
@@ -165,6 +173,7 @@ func (p *Program) stale() bool {
 	}
 	p.retried = true
 	p.hdrDone, p.payDone, p.eof, p.tail, p.tailFull, p.short = 0, 0, false, 0, false, false
+	p.summed, p.sum = 0, 0
 	return p.again()
 }
 
@@ -227,14 +236,15 @@ func (p *Program) settleLoad() bool {
 // damaged; a raw file of the wrong size says nothing of whose it is. With
 // longer, the file is size bytes or more (the read past the end filled its
 // buffer), and a block larger than blockSize may be whole: it is left too.
-func judgeFile(f Format, key, hdr, payload []byte, size int64, longer bool, blockSize int) (Status, bool, error) {
+// sum, if not nil, is payload's checksum, taken as it was read.
+func judgeFile(f Format, key, hdr, payload []byte, size int64, longer bool, blockSize int, sum *uint32) (Status, bool, error) {
 	if f == FormatRaw {
 		if err := CheckRaw(size, int64(blockSize)); err != nil {
 			return StatusCorrupt, true, err
 		}
 		return StatusLoaded, false, nil
 	}
-	err := CheckBlock(key, hdr, payload, size)
+	err := checkBlock(key, hdr, payload, size, sum)
 	if err == nil && len(payload) == blockSize {
 		return StatusLoaded, false, nil
 	}

@@ -1322,3 +1322,95 @@ func TestProgramLoadAsyncDirectReads(t *testing.T) {
 		assert.Equal(t, StatusLoaded, p.Status, "the fake's misreport loads a cut raw block when nothing guards against it")
 	})
 }
+
+// TestProgramLoadParts: with Config.SumChunk, a page-cache load of a
+// bigger framed payload reads it a part a phase, and each Judge folds that
+// part into the checksum; the verdict is the whole payload's, whatever
+// the parts' reads did.
+func TestProgramLoadParts(t *testing.T) {
+	key := testKey(2, 32)
+	payload := testPayload(key, 3*HeaderSize+100) // 13 parts of at most 1000 bytes
+	good := blockFile(key, payload)
+	cfg := testConfig(DurabilityNone)
+	cfg.SumChunk = 1000
+	load := func(t *testing.T, f *fakeFS) (*Program, [][]StepOp) {
+		p := new(Program)
+		require.NoError(t, p.Start(cfg, OpLoad, key, make([]byte, len(payload)), make([]byte, HeaderSize), false))
+		assert.Equal(t, 1000, p.Sums(), "a part a phase")
+		return p, f.run(t, p)
+	}
+	t.Run("whole", func(t *testing.T) {
+		p, phases := load(t, &fakeFS{file: good})
+		require.Equal(t, StatusLoaded, p.Status, "%v", p.Err)
+		assert.Equal(t, payload, p.buf)
+		require.Len(t, phases, 13)
+		assert.Equal(t, []StepOp{StepOpen, StepRead, StepRead, StepRead}, phases[0], "past the end, the header, the first part")
+		for _, ph := range phases[1:12] {
+			assert.Equal(t, []StepOp{StepRead}, ph)
+		}
+		assert.Equal(t, []StepOp{StepRead, StepClose}, phases[12])
+		assert.Equal(t, Checksum(payload), p.sum)
+		assert.EqualValues(t, len(payload), p.summed)
+	})
+	for _, c := range []struct {
+		name, want string
+		at         int // the byte of the payload flipped
+	}{
+		{"corrupt first part", "payload checksum", 0},
+		{"corrupt last part", "payload checksum", len(payload) - 1},
+		{"corrupt middle", "payload checksum", 5500},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			file := append([]byte(nil), good...)
+			file[HeaderSize+c.at] ^= 1
+			p, _ := load(t, &fakeFS{file: file})
+			require.Equal(t, StatusCorrupt, p.Status)
+			require.ErrorIs(t, p.Err, ErrCorrupt)
+			assert.Contains(t, p.Err.Error(), c.want)
+		})
+	}
+	for _, c := range []struct {
+		name, want string
+		file       []byte
+	}{
+		{"truncated in a part", "file is 6596 bytes, header says 16484", good[:HeaderSize+2500]},
+		{"appended", "file is 16485 bytes, header says 16484", append(append([]byte(nil), good...), 0)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p, _ := load(t, &fakeFS{file: c.file})
+			require.Equal(t, StatusCorrupt, p.Status)
+			require.ErrorIs(t, p.Err, ErrCorrupt)
+			assert.Contains(t, p.Err.Error(), c.want)
+		})
+	}
+	t.Run("short-part-reads-on", func(t *testing.T) {
+		p, phases := load(t, &fakeFS{file: good, fail: map[int]int32{5: 300}}) // the third part's read
+		require.Equal(t, StatusLoaded, p.Status, "%v", p.Err)
+		assert.Equal(t, payload, p.buf)
+		assert.Len(t, phases, 14)
+	})
+	t.Run("stale-mid-way-starts-over", func(t *testing.T) {
+		// The file read so far was replaced by another host: the load
+		// starts again, and its checksum with it.
+		other := testPayload(testKey(3, 32), len(payload))
+		f := &fakeFS{file: good, fail: map[int]int32{6: -int32(unix.ESTALE)}}
+		f.onFail = func() { f.file = blockFile(key, other) }
+		p, phases := load(t, f)
+		require.Equal(t, StatusLoaded, p.Status, "%v", p.Err)
+		assert.Equal(t, other, p.buf)
+		assert.Equal(t, []StepOp{StepClose}, phases[4], "the stale file closed")
+		assert.Equal(t, []StepOp{StepOpen, StepRead, StepRead, StepRead}, phases[5])
+	})
+	t.Run("not for O_DIRECT, raw blocks or one part", func(t *testing.T) {
+		var p Program
+		require.NoError(t, p.Start(cfg, OpLoad, key, make([]byte, len(payload)), make([]byte, ScratchSize), true))
+		assert.False(t, p.sumsParts(), "O_DIRECT")
+		raw := *cfg
+		raw.Format = FormatRaw
+		require.NoError(t, p.Start(&raw, OpLoad, key, make([]byte, len(payload)), make([]byte, ScratchSize), false))
+		assert.False(t, p.sumsParts(), "raw")
+		require.NoError(t, p.Start(cfg, OpLoad, key, make([]byte, 1000), make([]byte, ScratchSize), false))
+		assert.False(t, p.sumsParts(), "one part")
+		assert.Equal(t, 1000, p.Sums())
+	})
+}

@@ -365,6 +365,9 @@ func newURingBackend(t *Tier, s *shard) (_ *uringBackend, err error) {
 	b.remote = !t.engine.Inline
 	b.cfg = t.programConfig(dirSet{})
 	b.cfg.AsyncDirectReads = t.engine.LastPageApart
+	if b.sumAside > 0 {
+		b.cfg.SumChunk = 0 // a big payload's checksum whole, on another CPU (sumAside)
+	}
 	b.cfgOpen = b.cfg
 	b.cfgOpen.LookupByOpen = true
 	b.cfgOpen.LookupCachedFirst = t.engine.Inline
