@@ -37,6 +37,9 @@ import (
 //	        or, for a block bigger than one read, or after a READV that ended before the
 //	        payload did: OPEN ─ READ past the block's end ═ [READ the block's last page ═]
 //	        [READ header ─] READ payload ─ … ─ CLOSE
+//	        or, for a framed block through the page cache bigger than Config.SumChunk: OPEN ─
+//	        READ past the block's end ═ READ header ─ READ the first part, then a phase a part:
+//	        READ the next part [─ CLOSE after the last], each Judge checksumming the part just read
 //	        then for a short read: READ the rest ─ … ─ CLOSE; for an open or read that fails
 //	        oddly or a file shorter than the format's least (a header; a raw block): STATX
 //	        (what is there?); for a corrupt block, as Config.Corrupt says: OPEN its directory,

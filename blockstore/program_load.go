@@ -4,8 +4,11 @@ package blockstore
 // and past the end (vectored, or plain into the payload's frame: Start),
 // close; or, for a block too big for one read or after the one read
 // ended early, a read each for past the end, header and payload, where a
-// short read reads on. Something odd is looked at; a corrupt file goes to
-// the quarantine or is removed, as Config.Corrupt says.
+// short read reads on; for a framed payload through the page cache bigger
+// than Config.SumChunk, the same with a phase for each part of the
+// payload, whose checksum each Judge takes on. Something odd is looked at;
+// a corrupt file goes to the quarantine or is removed, as Config.Corrupt
+// says.
 
 import (
 	"fmt"
@@ -14,8 +17,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// layLoadRest reads the payload from payDone, at most ChunksMax reads,
-// then closes if they reach the end. A short read stops the chain before
+// layLoadRest reads the payload from payDone, at most ChunksMax reads (one
+// part, Config.SumChunk), then closes if they reach the end. A short read stops the chain before
 // the close; the next phase reads on.
 func (p *Program) layLoadRest() {
 	if p.layChunks(StepRead) == int64(len(p.buf)) {
