@@ -798,7 +798,8 @@ func (p *Program) judgeLeaf() bool {
 }
 
 // layChunks adds reads or writes (op) of the payload from payDone, at most
-// ChunksMax of them, each linked to the next, and returns where they end.
+// ChunksMax of them (a load's part: one read of Config.SumChunk), each
+// linked to the next, and returns where they end.
 func (p *Program) layChunks(op StepOp) int64 {
 	done, n, size := p.payDone, ChunksMax, RWMax
 	if op == StepRead && p.sumsParts() {

@@ -17,9 +17,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// layLoadRest reads the payload from payDone, at most ChunksMax reads (one
-// part, Config.SumChunk), then closes if they reach the end. A short read stops the chain before
-// the close; the next phase reads on.
+// layLoadRest reads the payload from payDone, at most ChunksMax reads (a
+// part: Config.SumChunk), then closes if they reach the end. A short read
+// stops the chain before the close; the next phase reads on.
 func (p *Program) layLoadRest() {
 	if p.layChunks(StepRead) == int64(len(p.buf)) {
 		p.add(StepClose, roleClose, LinkNone)
