@@ -53,6 +53,43 @@ func TestLoadsJudgedAside(t *testing.T) {
 	}
 }
 
+// TestLoadsInParts runs the load tests of the conformance suite with every
+// framed load through the page cache read in parts of 1,000 bytes, each
+// checksummed by the Judge of its phase (blockstore.Config.SumChunk): in
+// the io_uring engine a phase a submit, the file held in its slot between
+// them. Both engines set the parts on a local filesystem, but not an
+// owner whose loads are judged aside.
+func TestLoadsInParts(t *testing.T) {
+	old := sumChunk
+	sumChunk, testNoDirect = 1000, true
+	t.Cleanup(func() { sumChunk, testNoDirect = old, false })
+	for _, c := range []struct {
+		name string
+		f    func(*testing.T)
+	}{
+		{"TestLoad", TestLoad}, {"TestLoadCorrupt", TestLoadCorrupt}, {"TestBlocksSpanManyChunks", TestBlocksSpanManyChunks},
+		{"TestNotRegularAtBlockPath", TestNotRegularAtBlockPath}, {"TestModel", TestModel},
+	} {
+		t.Run(c.name, c.f)
+	}
+	forEachEngine(t, func(t *testing.T, kind EngineKind) {
+		tr := openTier(t, kind, t.TempDir(), nil)
+		for _, s := range tr.shards {
+			switch be := s.be.(type) {
+			case *uringBackend:
+				assert.Equal(t, 1000, be.cfg.SumChunk)
+			case *syncBackend:
+				assert.Equal(t, 1000, be.cfg.SumChunk)
+			}
+		}
+	})
+	judgeAllAside(t, nil)
+	tr := openTier(t, EngineURing, t.TempDir(), nil)
+	if be, ok := tr.shards[0].be.(*uringBackend); ok {
+		assert.Zero(t, be.cfg.SumChunk, "a load judged aside is checksummed whole, on another CPU")
+	}
+}
+
 // asideTier opens a one-ring tier whose first load to be judged aside
 // waits there until release is closed, having closed started.
 func asideTier(t *testing.T, started chan<- struct{}, release <-chan struct{}) *Tier {

@@ -123,6 +123,7 @@ var notInConformanceSuite = map[string]string{
 	"TestVLLMConcurrentWriters":                  "it races a Python process for seconds per engine; the sync engine it would run in the child is the same code as here",
 	"TestLazyWakeTakenIn":                        "it hooks the io_uring engine's owner, whose stores and loads may not wake it",
 	"TestLoadsJudgedAside":                       "it runs tests of the suite with the io_uring engine's loads judged aside",
+	"TestLoadsInParts":                           "it runs tests of the suite with loads read and checksummed in parts",
 	"TestCancelWhileJudgedAside":                 "it holds a load of the io_uring engine in its Judge aside",
 	"TestRingBreaksWhileJudgedAside":             "it holds a load of the io_uring engine in its Judge aside and breaks the ring",
 	"TestStoresSync":                             "it counts the io_uring engine's SQEs for stores on and off its rings",

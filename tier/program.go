@@ -51,7 +51,8 @@ func (t *Tier) programConfig(dirs blockstore.DirCache) blockstore.Config {
 // bytes a second of one read and one checksum, with pread and with
 // io_uring READ alike. Not on FUSE or network filesystems, where a read
 // is a round trip to the server and parts would make several in a row.
-const sumChunk = 256 << 10
+// A variable so that tests can make small blocks span many parts.
+var sumChunk = 256 << 10
 
 // quarantines reports whether loads move corrupt blocks into the
 // quarantine directory, which then must exist.
